@@ -1,0 +1,127 @@
+# tpshard - GNU make. Knobs (override on the command line):
+CUDA     ?= 0
+OPENMP   ?= 1
+DEBUG    ?= 0
+SANITIZE ?=
+MPI      ?= 0
+PREFIX   ?= /usr/local
+DESTDIR  ?=
+CUDA_HOME ?= /usr/local/cuda
+NCCL_HOME ?= $(CUDA_HOME)
+CC       ?= cc
+NVCC     ?= $(CUDA_HOME)/bin/nvcc
+
+PKGS := libcjson yaml-0.1 zlib
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+
+CFLAGS  ?= $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
+CFLAGS  += -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Wshadow -Wno-unused-parameter \
+           -Ilib $(PKG_CFLAGS)
+LDLIBS  += $(PKG_LIBS) -lm -lpthread
+ifeq ($(OPENMP),1)
+CFLAGS  += -fopenmp
+LDFLAGS += -fopenmp
+endif
+ifneq ($(SANITIZE),)
+CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+LIB_SRCS := $(filter-out lib/verify_cuda_stub.c,$(wildcard lib/*.c)) lib/plans_gen.c
+LIB_SRCS := $(sort $(LIB_SRCS))
+ifeq ($(CUDA),1)
+CFLAGS   += -DTPS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -lcudart -lcublas -lnccl -lstdc++ \
+            -Wl,-rpath,$(CUDA_HOME)/lib64
+CUDA_OBJS := build/lib/verify_cuda.o
+else
+LIB_SRCS += lib/verify_cuda_stub.c
+CUDA_OBJS :=
+endif
+LIB_OBJS := $(patsubst %.c,build/%.o,$(LIB_SRCS)) $(CUDA_OBJS)
+CMD_SRCS := $(wildcard cmd/*.c)
+CMD_OBJS := $(patsubst %.c,build/%.o,$(CMD_SRCS))
+TEST_SRCS := $(wildcard tests/unit/test_*.c)
+TEST_BINS := $(patsubst tests/unit/%.c,build/tests/%,$(TEST_SRCS))
+FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
+FUZZ_REPLAY := $(patsubst tests/fuzz/%.c,build/tests/replay_%,$(FUZZ_SRCS))
+PLANS := $(sort $(wildcard plans/*.yaml))
+BUILD_FLAGS := $(CUDA)|$(OPENMP)|$(DEBUG)|$(SANITIZE)|$(CC)
+
+.PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin
+all: check-deps tpshard
+
+check-deps:
+	@sh tools/deps.sh
+
+# Rebuild everything when the knobs change.
+build/.flags: FORCE
+	@mkdir -p build; echo '$(BUILD_FLAGS)' | cmp -s - $@ || echo '$(BUILD_FLAGS)' > $@
+FORCE:
+
+lib/plans_gen.c: $(PLANS) tools/embed.sh
+	sh tools/embed.sh $(PLANS) > $@.tmp && mv $@.tmp $@
+
+build/%.o: %.c lib/tpshard.h lib/internal.h build/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/lib/verify_cuda.o: lib/verify_cuda.cu lib/verify_cuda.h lib/comm.h build/.flags
+	@mkdir -p $(dir $@)
+	$(NVCC) -O2 -std=c++17 -Ilib $(PKG_CFLAGS) -I$(NCCL_HOME)/include -Xcompiler -fPIC \
+	  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -c $< -o $@
+
+libtpshard.a: $(LIB_OBJS)
+	rm -f $@; ar rcs $@ $^
+
+tpshard: $(CMD_OBJS) libtpshard.a
+	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) libtpshard.a $(LDLIBS)
+
+build/tests/%: tests/unit/%.c tests/unit/test.h libtpshard.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< libtpshard.a $(LDLIBS)
+
+build/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c libtpshard.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c libtpshard.a $(LDLIBS)
+
+tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY)
+
+# The README's test command. Ends with one line "N passed, M failed".
+test: check-deps tests-bin
+	@sh tests/run.sh
+
+test-valgrind: check-deps tests-bin
+	@VALGRIND=1 sh tests/run.sh cli
+
+FUZZ_SECONDS ?= 60
+fuzz: check-deps
+	@sh tests/fuzz/run.sh $(FUZZ_SECONDS)
+
+demo: all
+	@sh tools/demo.sh
+
+bench: all
+	@sh bench/split.sh
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	install -m 755 tpshard $(DESTDIR)$(PREFIX)/bin/tpshard
+	install -m 644 libtpshard.a $(DESTDIR)$(PREFIX)/lib/libtpshard.a
+	install -m 644 lib/tpshard.h $(DESTDIR)$(PREFIX)/include/tpshard.h
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(shell sed -n 's/.*TPS_VERSION_STRING "\(.*\)"/\1/p' lib/tpshard.h)|' \
+	  -e 's|@LIBS@|$(PKG_LIBS) $(if $(filter 1,$(OPENMP)),-fopenmp) -lm -lpthread|' tools/tpshard.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpshard.pc
+	for f in man/*.1; do [ -f "$$f" ] && install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man1/; done; true
+	for f in man/*.5; do [ -f "$$f" ] && install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man5/; done; true
+
+uninstall:
+	rm -f $(DESTDIR)$(PREFIX)/bin/tpshard $(DESTDIR)$(PREFIX)/lib/libtpshard.a \
+	  $(DESTDIR)$(PREFIX)/include/tpshard.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpshard.pc
+	for f in man/*.1; do rm -f $(DESTDIR)$(PREFIX)/share/man/man1/$$(basename $$f); done
+	for f in man/*.5; do rm -f $(DESTDIR)$(PREFIX)/share/man/man5/$$(basename $$f); done
+
+clean:
+	rm -rf build tpshard libtpshard.a lib/plans_gen.c

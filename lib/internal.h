@@ -1,0 +1,272 @@
+/* internal.h - what the lib/ modules share. Not installed. */
+#ifndef TPS_INTERNAL_H
+#define TPS_INTERNAL_H
+
+#include "tpshard.h"
+
+#include <cJSON.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------------ ctx and errors */
+
+struct tps_ctx {
+    char msg[2048];
+    tps_log_fn log;
+    void *log_user;
+    tps_progress_fn progress;
+    void *progress_user;
+    int threads;
+    volatile sig_atomic_t interrupted;
+};
+
+/* Records "fmt..." as the ctx's detail and returns code. Thread-safe. */
+tps_err tps_fail(tps_ctx *ctx, tps_err code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void tps_log(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int tps_threads(const tps_ctx *ctx);
+
+#define TPS_TRY(expr)                 \
+    do {                              \
+        tps_err e_ = (expr);          \
+        if (e_ != TPS_OK) return e_;  \
+    } while (0)
+/* goto-out variant: needs `tps_err rc` and an `out:` label. */
+#define TPS_CHECK(expr)               \
+    do {                              \
+        rc = (expr);                  \
+        if (rc != TPS_OK) goto out;   \
+    } while (0)
+#define TPS_FAIL_IF(cond, ...)                      \
+    do {                                            \
+        if (cond) { rc = tps_fail(__VA_ARGS__); goto out; } \
+    } while (0)
+
+void *tps_xmalloc(size_t n);           /* NULL on failure (never aborts) */
+void *tps_xcalloc(size_t n, size_t m);
+char *tps_strdup(const char *s);
+char *tps_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int tps_mul_ovf(uint64_t a, uint64_t b, uint64_t *out); /* 1 on overflow */
+
+/* ------------------------------------------------------------------ files */
+
+/* Whole small file into memory (NUL-terminated), bounded by max. */
+tps_err tps_read_file(tps_ctx *ctx, const char *path, size_t max, char **buf, size_t *len);
+/* pread loop; short file -> TPS_E_FORMAT "truncated". */
+tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off);
+tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf, size_t len,
+                        uint64_t off);
+/* Writes text to dir/name atomically (tmp, fsync, rename). */
+tps_err tps_write_file_atomic(tps_ctx *ctx, const char *path, const void *buf, size_t len);
+tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst);
+char *tps_path_join(const char *a, const char *b);
+int tps_is_dir(const char *path);
+int tps_exists(const char *path);
+char *tps_tmp_name(const char *final_path); /* "<dir>/.<base>.tmp.<pid>" */
+tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
+
+/* ------------------------------------------------------------------ JSON helpers */
+
+/* Parse with a nesting bound; errors name label and the byte position. */
+tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
+                       cJSON **out);
+/* First duplicate key anywhere in an object's direct children, or NULL. */
+const char *tps_json_dup_key(const cJSON *obj);
+int tps_utf8_valid(const char *s, size_t len);
+/* Config field: top level first, then under text_config. NULL = absent. JSON
+ * null counts as absent. */
+const cJSON *tps_config_get(const cJSON *config, const char *field);
+
+/* ------------------------------------------------------------------ dtype */
+
+/* Converts n elements of dtype d at src (unaligned ok) to f32. 0 ok, -1 not a float dtype. */
+int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n);
+
+/* ------------------------------------------------------------------ safetensors */
+
+typedef struct {
+    char *name;
+    tps_dtype dtype;
+    int ndim;
+    uint64_t shape[TPS_MAX_DIMS];
+    uint64_t begin, end; /* relative to the data section */
+} tps_st_tensor_info;
+
+struct tps_st {
+    char *path;
+    uint64_t file_size;
+    uint64_t data_start;
+    tps_st_tensor_info *t; /* sorted by begin */
+    size_t n;
+    char **mkeys, **mvals;
+    size_t nmeta;
+};
+
+/* Parses a header buffer (the N bytes after the length). label names the file. */
+tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, size_t n,
+                            uint64_t file_size, tps_st **out);
+uint64_t tps_nbytes(tps_dtype d, const uint64_t *shape, int ndim, int *ovf, int *misaligned);
+
+/* Writer: describe the tensors, get the header bytes and every tensor's
+ * offset in reference order (dtype by descending alignment, then name). */
+typedef struct {
+    const char *name;
+    tps_dtype dtype;
+    int ndim;
+    const uint64_t *shape;
+    uint64_t nbytes;
+    uint64_t offset; /* out: relative to data section */
+    size_t order;    /* out: position in file order */
+} tps_st_entry;
+
+/* meta: NULL-terminated key/value pairs (keys[i], vals[i]), may be NULL.
+ * Returns the full prefix (8-byte length + padded header) in *hdr. */
+tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
+                            const char *const *mvals, size_t nmeta, char **hdr, size_t *hdr_len);
+
+/* ------------------------------------------------------------------ checkpoint */
+
+typedef struct {
+    int file;         /* index into ck->files */
+    int rank;         /* sharded dirs: the rank it came from; else 0 */
+    uint64_t off;     /* absolute offset of the piece's bytes in that file */
+    uint64_t lo, hi;  /* range along the tensor's dim (dim >= 0) */
+    uint64_t nbytes;
+    uint32_t crc;     /* sharded dirs: manifest CRC32; else 0 */
+    int has_crc;
+} tps_piece;
+
+typedef struct {
+    char *name;
+    tps_dtype dtype;
+    int ndim;
+    uint64_t shape[TPS_MAX_DIMS];
+    uint64_t nbytes;
+    int dim;            /* pieces concatenated along dim; -1: each piece is the whole tensor */
+    int npieces;
+    tps_piece *pieces;  /* dim >= 0: sorted by lo; dim < 0: one per rank (piece 0 is read) */
+    char *origin;       /* the original file name it belongs to (merge) */
+    char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
+} tps_ctensor;
+
+typedef struct {
+    char *name;  /* basename */
+    char *path;
+    int fd;
+    uint64_t size;
+    tps_st *st;
+    int rank;    /* sharded dirs */
+} tps_cfile;
+
+struct tps_ckpt {
+    tps_src_kind kind;
+    char *path, *dir, *stem;
+    tps_cfile *files;
+    size_t nfiles;
+    tps_ctensor *t; /* sorted by name */
+    size_t n;
+    cJSON *config;   /* NULL when no config.json */
+    cJSON *manifest; /* sharded dirs */
+    int tp;          /* sharded dirs */
+    char **origins;  /* original file names, in order (sharded: from manifest) */
+    size_t norigins;
+    cJSON *origin_meta; /* sharded dirs: {file: {__metadata__}} */
+    char *index_name;   /* "model.safetensors.index.json" when the source had one */
+};
+
+/* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
+tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
+                            void *buf, size_t len);
+/* Re-checks that every source file still has the size it had at open. */
+tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck);
+
+/* ------------------------------------------------------------------ plan (plan.c) */
+
+typedef enum { TPS_COND_TRUTHY = 0, TPS_COND_FALSY, TPS_COND_EQUALS } tps_cond_op;
+
+typedef struct {
+    char *field;
+    tps_cond_op op;
+    cJSON *value;   /* EQUALS: the value compared with (owned) */
+    cJSON *dflt;    /* the value assumed when the field is absent, or NULL (owned) */
+} tps_cond;
+
+typedef struct {
+    char **patterns; /* module paths with '*' components */
+    size_t npat;
+    tps_style style;
+    tps_cond *when;  /* NULL = always */
+    int line;
+} tps_rule;
+
+typedef enum { TPS_PCHECK_DIVISIBLE = 0, TPS_PCHECK_REJECT_IF } tps_pcheck_kind;
+
+typedef struct {
+    tps_pcheck_kind kind;
+    char *field;     /* DIVISIBLE: the config count */
+    int optional;    /* DIVISIBLE: skip when absent */
+    tps_cond cond;   /* REJECT_IF */
+    char *reason;    /* why, in words */
+    int line;
+} tps_pcheck;
+
+struct tps_plan {
+    char *name, *description, *label;
+    char **architectures; size_t narch;
+    char **model_types; size_t nmt;
+    tps_rule *rules; size_t nrules;
+    tps_pcheck *checks; size_t nchecks;
+};
+
+/* Module path of a tensor name: everything before the last '.'. */
+/* First rule whose `when` holds and one of whose patterns matches the module
+ * path; NULL when none. *pattern gets the pattern that matched. */
+const tps_rule *tps_plan_match(const tps_plan *p, const char *tensor_name, const cJSON *config,
+                               const char **pattern);
+int tps_cond_eval(const tps_cond *c, const cJSON *config); /* 1 true, 0 false */
+/* Score how well the plan serves this config: 2 architecture, 1 model_type, 0 no. */
+int tps_plan_serves(const tps_plan *p, const cJSON *config);
+
+typedef struct {
+    char *name;    /* "num_key_value_heads divisible by tp" */
+    int ok;        /* 1 pass, 0 fail, -1 skipped */
+    char *detail;  /* "4 % 8 != 0; tp values that work: 1, 2, 4" */
+} tps_check_outcome;
+
+/* Runs the plan's checks for tp; config may be NULL (every check skipped,
+ * detail says so). *out is an array the caller frees with tps_check_outcomes_free. */
+tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config, int tp,
+                            tps_check_outcome **out, size_t *n);
+void tps_check_outcomes_free(tps_check_outcome *o, size_t n);
+
+/* ------------------------------------------------------------------ layout */
+
+typedef struct {
+    size_t t;         /* index into ck->t */
+    tps_style style;
+    int dim;          /* -1 replicated */
+    const char *rule; /* borrowed from the plan */
+} tps_place;
+
+struct tps_layout {
+    const tps_ckpt *ck;
+    const tps_plan *plan;
+    int tp;
+    tps_place *p;     /* same order as ck->t */
+    size_t n;
+    tps_check_outcome *checks;
+    size_t nchecks;
+    char *rejected;
+};
+
+/* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
+void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
+
+/* ------------------------------------------------------------------ manifest */
+
+#define TPS_MANIFEST "tpshard.json"
+#define TPS_MANIFEST_FORMAT 1
+
+#endif

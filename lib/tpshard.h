@@ -1,0 +1,293 @@
+/*
+ * tpshard.h - public API of libtpshard: tensor-parallel resharding of
+ * safetensors checkpoints.
+ *
+ * Ownership, once for the whole header (after jq's jv.h):
+ *  - Every handle made by tps_X_open/new is freed by tps_X_free; every
+ *    tps_X_free(NULL) is a no-op.
+ *  - Strings and arrays returned through accessors are BORROWED: they live as
+ *    long as the handle they came from and must not be freed.
+ *  - Strings returned through `char **out` parameters are OWNED by the caller,
+ *    who frees them with free().
+ *  - A tps_ctx carries the error detail of the last failed call, the log
+ *    callback and the thread count. Use one ctx per thread of the caller.
+ *
+ * The library never prints and never exits: it reports through the ctx's log
+ * callback and the returned tps_err.
+ */
+#ifndef TPSHARD_H
+#define TPSHARD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPS_VERSION_STRING "0.1.0"
+
+/* Stable error numbers: never renumber, only append. */
+typedef enum {
+    TPS_OK = 0,
+    TPS_E_IO = 1,          /* open/read/write/fsync/rename failed (errno in detail) */
+    TPS_E_NOMEM = 2,       /* allocation failed or a resource bound was hit */
+    TPS_E_FORMAT = 3,      /* malformed safetensors file */
+    TPS_E_JSON = 4,        /* malformed JSON (config.json, index, manifest) */
+    TPS_E_INDEX = 5,       /* inconsistent model.safetensors.index.json */
+    TPS_E_CONFIG = 6,      /* config.json lacks or has a bad value */
+    TPS_E_PLAN = 7,        /* malformed plan file */
+    TPS_E_REJECT = 8,      /* the plan rejects tensor parallelism for this model */
+    TPS_E_ARG = 9,         /* bad argument from the caller */
+    TPS_E_EXISTS = 10,     /* output exists and overwrite was not allowed */
+    TPS_E_MISMATCH = 11,   /* check/verify found data that disagrees */
+    TPS_E_UNSUPPORTED = 12,/* feature not built in (e.g. CUDA backend) */
+    TPS_E_INTERRUPTED = 13,/* stopped by a signal */
+    TPS_E_NOSPACE = 14,    /* not enough free space or file size limit */
+    TPS_E_DEVICE = 15,     /* CUDA, cuBLAS or NCCL error */
+    TPS_E_SHAPE = 16,      /* a tensor cannot be split as the plan asks */
+} tps_err;
+
+const char *tps_strerror(tps_err e);
+const char *tps_version(void);
+
+/* ------------------------------------------------------------------ ctx */
+
+typedef enum { TPS_LOG_ERROR = 0, TPS_LOG_WARN = 1, TPS_LOG_INFO = 2, TPS_LOG_DEBUG = 3 } tps_log_level;
+typedef void (*tps_log_fn)(void *user, tps_log_level level, const char *msg);
+/* Progress: bytes done of total, and the tensor being worked on (may be NULL). */
+typedef void (*tps_progress_fn)(void *user, uint64_t done, uint64_t total, const char *what);
+
+typedef struct tps_ctx tps_ctx;
+tps_ctx *tps_ctx_new(void);
+void tps_ctx_free(tps_ctx *ctx);
+void tps_ctx_set_log(tps_ctx *ctx, tps_log_fn fn, void *user);
+void tps_ctx_set_progress(tps_ctx *ctx, tps_progress_fn fn, void *user);
+void tps_ctx_set_threads(tps_ctx *ctx, int nthreads); /* <= 0: all cores */
+/* Detail of the last error: "<file>: <tensor>: <rule>" style, never NULL. */
+const char *tps_ctx_errmsg(const tps_ctx *ctx);
+/* Ask running work to stop (async-signal-safe: sets a flag). */
+void tps_ctx_interrupt(tps_ctx *ctx);
+
+/* ------------------------------------------------------------------ dtype */
+
+typedef enum {
+    TPS_BOOL = 0, TPS_F4, TPS_F6_E2M3, TPS_F6_E3M2, TPS_U8, TPS_I8,
+    TPS_F8_E5M2, TPS_F8_E4M3, TPS_F8_E8M0, TPS_F8_E4M3FNUZ, TPS_F8_E5M2FNUZ,
+    TPS_I16, TPS_U16, TPS_F16, TPS_BF16, TPS_I32, TPS_U32, TPS_F32,
+    TPS_C64, TPS_F64, TPS_I64, TPS_U64,
+    TPS_DTYPE_COUNT_ /* internal */
+} tps_dtype;
+
+const char *tps_dtype_name(tps_dtype d);
+int tps_dtype_from_name(const char *name, tps_dtype *out); /* 0 ok, -1 unknown */
+unsigned tps_dtype_bits(tps_dtype d);
+int tps_dtype_is_float(tps_dtype d); /* converts to f32 for verify */
+
+/* ------------------------------------------------------------------ sizes */
+
+/* "5G", "512M", "1.5G", "4096": K/M/G/T binary multiples. 0 ok, -1 bad. */
+int tps_parse_size(const char *s, uint64_t *out);
+/* "0,3-5" -> mask of ranks < tp. 0 ok, -1 bad. mask has tp entries. */
+int tps_parse_ranks(const char *s, int tp, unsigned char *mask);
+
+/* ------------------------------------------------------------------ views */
+
+#define TPS_MAX_DIMS 16
+
+/* A borrowed view of one tensor of a file or a checkpoint. */
+typedef struct {
+    const char *name;
+    tps_dtype dtype;
+    int ndim;
+    const uint64_t *shape;
+    uint64_t nbytes;
+    const char *file;   /* basename of the file holding it (checkpoint: first piece) */
+    uint64_t offset;    /* data offset inside that file's data section */
+} tps_tensor_view;
+
+/* ------------------------------------------------------------------ safetensors file */
+
+typedef struct tps_st tps_st;
+/* Opens and validates one file read-only; reads only the header. */
+tps_err tps_st_open(tps_ctx *ctx, const char *path, tps_st **out);
+void tps_st_free(tps_st *st);
+size_t tps_st_count(const tps_st *st);
+void tps_st_tensor(const tps_st *st, size_t i, tps_tensor_view *v); /* header order sorted by offset */
+size_t tps_st_meta_count(const tps_st *st);
+void tps_st_meta(const tps_st *st, size_t i, const char **key, const char **val);
+uint64_t tps_st_data_start(const tps_st *st); /* 8 + N */
+/* Validate a header held in memory (for fuzzing and tests). */
+tps_err tps_st_parse_buffer(tps_ctx *ctx, const char *label, const void *buf, size_t len,
+                            uint64_t file_size);
+
+/* ------------------------------------------------------------------ checkpoint */
+
+typedef struct tps_ckpt tps_ckpt;
+typedef enum { TPS_SRC_FILE = 0, TPS_SRC_DIR = 1, TPS_SRC_INDEX = 2, TPS_SRC_SHARDED = 3 } tps_src_kind;
+
+/* MODEL: a directory (config.json + model.safetensors or index + parts), one
+ * .safetensors file, or a tpshard output directory (read through tpshard.json
+ * as if it were the full checkpoint). */
+tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out);
+void tps_ckpt_free(tps_ckpt *ck);
+tps_src_kind tps_ckpt_kind(const tps_ckpt *ck);
+const char *tps_ckpt_path(const tps_ckpt *ck);
+const char *tps_ckpt_dir(const tps_ckpt *ck);      /* directory holding it */
+const char *tps_ckpt_stem(const tps_ckpt *ck);     /* dir name or file stem */
+size_t tps_ckpt_count(const tps_ckpt *ck);
+void tps_ckpt_tensor(const tps_ckpt *ck, size_t i, tps_tensor_view *v); /* sorted by name */
+int tps_ckpt_find(const tps_ckpt *ck, const char *name); /* index or -1 */
+size_t tps_ckpt_file_count(const tps_ckpt *ck);
+const char *tps_ckpt_file(const tps_ckpt *ck, size_t i);
+uint64_t tps_ckpt_total_bytes(const tps_ckpt *ck);
+int tps_ckpt_has_config(const tps_ckpt *ck);
+/* The config facts that matter for TP, as JSON text (owned); see inspect. */
+tps_err tps_ckpt_config_summary(tps_ctx *ctx, const tps_ckpt *ck, char **json_out);
+/* Reads bytes [off, off+len) of tensor i as its row-major bytes. */
+tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, void *buf,
+                      size_t len);
+
+/* ------------------------------------------------------------------ plan */
+
+typedef struct tps_plan tps_plan;
+typedef enum {
+    TPS_STYLE_REPLICATE = 0, TPS_STYLE_COLWISE, TPS_STYLE_ROWWISE,
+    TPS_STYLE_EMBED_ROWWISE, TPS_STYLE_EMBED_COLWISE, TPS_STYLE_SEQPAR,
+} tps_style;
+const char *tps_style_name(tps_style s);
+
+/* Load from YAML text; label names it in errors ("plans/llama.yaml"). */
+tps_err tps_plan_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
+                       tps_plan **out);
+tps_err tps_plan_load(tps_ctx *ctx, const char *path, tps_plan **out);
+/* Built-in plans (compiled in from plans/). */
+size_t tps_plan_builtin_count(void);
+const char *tps_plan_builtin_name(size_t i);
+const char *tps_plan_builtin_text(size_t i, size_t *len);
+tps_err tps_plan_builtin(tps_ctx *ctx, const char *family, tps_plan **out);
+/* Pick the built-in plan whose `serves` matches the checkpoint's config. */
+tps_err tps_plan_detect(tps_ctx *ctx, const tps_ckpt *ck, tps_plan **out);
+void tps_plan_free(tps_plan *p);
+const char *tps_plan_name(const tps_plan *p);
+const char *tps_plan_description(const tps_plan *p);
+
+/* ------------------------------------------------------------------ layout (plan x checkpoint x tp) */
+
+typedef struct tps_layout tps_layout;
+
+typedef struct {
+    const char *name;      /* check name, e.g. "num_key_value_heads % tp == 0" */
+    int ok;                /* 1 pass, 0 fail, -1 skipped */
+    const char *detail;    /* verdict in words */
+} tps_check_view;
+
+typedef struct {
+    const char *name;
+    tps_dtype dtype;
+    int ndim;
+    const uint64_t *shape;  /* global */
+    tps_style style;
+    int dim;                /* shard dim, -1 = replicated */
+    const char *rule;       /* the pattern that matched, or NULL */
+} tps_placement_view;
+
+/* Resolves every tensor's placement and runs the plan's checks. Returns
+ * TPS_OK even when checks fail; tps_layout_rejected() says so. */
+tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
+                       tps_layout **out);
+void tps_layout_free(tps_layout *L);
+int tps_layout_tp(const tps_layout *L);
+size_t tps_layout_count(const tps_layout *L);
+void tps_layout_placement(const tps_layout *L, size_t i, tps_placement_view *v);
+/* Local extent of tensor i on rank r along its shard dim: [start, start+len). */
+void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, uint64_t *len);
+uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank);
+size_t tps_layout_check_count(const tps_layout *L);
+void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
+/* NULL when accepted, else the first failed check's reason. */
+const char *tps_layout_rejected(const tps_layout *L);
+
+/* ------------------------------------------------------------------ split */
+
+typedef struct {
+    int tp;
+    const unsigned char *ranks; /* NULL = all; else tp entries, 1 = write */
+    uint64_t max_part_size;     /* 0 = one part per rank */
+    int force;                  /* replace an existing output */
+    const char *out_dir;
+} tps_split_opts;
+
+typedef struct {
+    uint64_t bytes_written;
+    uint64_t bytes_read;
+    int files_written;
+    int ranks_written;
+} tps_split_result;
+
+tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
+                  tps_split_result *res);
+
+/* ------------------------------------------------------------------ check / merge */
+
+typedef struct {
+    int tp;
+    int ranks_present;
+    int files_checked;
+    uint64_t tensors_checked;
+    uint64_t bytes_checked;
+    char missing_ranks[256]; /* e.g. "1,2,5" or "" */
+} tps_check_result;
+
+/* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement. */
+tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res);
+
+typedef struct {
+    const char *out_dir;
+    int force;
+} tps_merge_opts;
+tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *files_written);
+
+/* ------------------------------------------------------------------ verify */
+
+typedef enum { TPS_BACKEND_CPU = 0, TPS_BACKEND_CUDA = 1, TPS_BACKEND_NCCL = 2 } tps_backend;
+
+typedef struct {
+    const char *dir;          /* the tpshard output directory */
+    const char *source;       /* the source checkpoint, or NULL */
+    tps_backend backend;
+    const char *tensors_glob; /* NULL = all */
+    uint64_t seed;
+    int batch;                /* tokens per check, > 0 */
+    const char *nccl_id_file; /* nccl multi-process bootstrap, or NULL */
+} tps_verify_opts;
+
+typedef struct {
+    const char *check;   /* tensor or block name */
+    const char *kind;    /* "reconstruct", "colwise", "rowwise", "embedding", "mlp", "attn", ... */
+    double max_abs_err;
+    double tolerance;
+    uint64_t wrong;      /* elements over tolerance (or bytes differing) */
+    uint64_t total;      /* elements compared */
+    int ok;
+    const char *note;    /* NULL or a sentence */
+} tps_verify_row;
+
+typedef struct tps_verify_report tps_verify_report;
+tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **out);
+void tps_verify_report_free(tps_verify_report *r);
+size_t tps_verify_report_count(const tps_verify_report *r);
+const tps_verify_row *tps_verify_report_row(const tps_verify_report *r, size_t i);
+int tps_verify_report_ok(const tps_verify_report *r);
+const char *tps_verify_report_backend(const tps_verify_report *r); /* "cpu", "cuda (H200...)" */
+double tps_verify_report_seconds(const tps_verify_report *r);
+uint64_t tps_verify_report_bytes(const tps_verify_report *r);   /* shard bytes verified */
+
+/* Which backends were built in, and runtime versions when available. */
+const char *tps_backends_built(void);                  /* e.g. "cpu" or "cpu cuda nccl" */
+tps_err tps_backend_runtime_info(char *buf, size_t len); /* driver/runtime/NCCL versions */
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,34 @@
+#!/bin/sh
+# Runs every test group and ends with one line "N passed, M failed".
+# Usage: tests/run.sh [group...]   groups: unit cli py conformance fuzz
+# Every test prints "ok - name" or "not ok - name"; this script counts them.
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top" || exit 1
+export TPSHARD="$top/tpshard" TOP="$top"
+export TPS_TMP="${TPS_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/tpshard-test.XXXXXX")}"
+groups="${*:-unit cli py conformance fuzz}"
+log="$TPS_TMP/run.log"; : > "$log"
+
+run() { # label cmd...
+  echo "## $1" | tee -a "$log"; shift
+  "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|not ok|#|skip)' || true
+}
+
+for g in $groups; do
+  case $g in
+  unit) for t in build/tests/test_*; do [ -x "$t" ] && run "$t" "$t"; done ;;
+  cli)  for t in tests/cli/t_*.sh; do [ -f "$t" ] && run "$t" sh "$t"; done ;;
+  py)   if sh tests/py/venv.sh >"$TPS_TMP/venv.log" 2>&1; then
+          for t in tests/py/test_*.py; do [ -f "$t" ] && run "$t" "$top/build/venv/bin/python" "$t"; done
+        else
+          echo "skip - python tests: no venv with numpy and safetensors ($(tail -n 1 "$TPS_TMP/venv.log"))" | tee -a "$log"
+        fi ;;
+  conformance) run conformance sh tests/conformance.sh ;;
+  fuzz) for t in build/tests/replay_*; do [ -x "$t" ] && run "$t" "$t"; done ;;
+  esac
+done
+pass=$(grep -c '^ok ' "$log"); fail=$(grep -c '^not ok ' "$log")
+[ "$fail" -gt 0 ] && { echo "failed:"; grep '^not ok ' "$log" | sed 's/^/  /'; }
+[ -z "$KEEP_TMP" ] && rm -rf "$TPS_TMP"
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ] && [ "$pass" -gt 0 ]

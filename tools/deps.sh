@@ -1,0 +1,18 @@
+#!/bin/sh
+# Checks the build dependencies; installs them when run as root, else says how.
+missing=""
+pkg-config --exists libcjson 2>/dev/null || missing="$missing libcjson-dev"
+pkg-config --exists yaml-0.1 2>/dev/null || missing="$missing libyaml-dev"
+pkg-config --exists zlib 2>/dev/null || missing="$missing zlib1g-dev"
+command -v pkg-config >/dev/null 2>&1 || missing="pkg-config $missing"
+command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "tpshard: installing missing build dependencies:$missing" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing) >&2 || {
+    echo "tpshard: error: apt-get install$missing failed" >&2; exit 1; }
+else
+  echo "tpshard: error: missing build dependencies:$missing" >&2
+  echo "tpshard: install them with: sudo apt-get install$missing" >&2
+  exit 1
+fi
