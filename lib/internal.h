@@ -174,7 +174,16 @@ struct tps_ckpt {
     size_t norigins;
     cJSON *origin_meta; /* sharded dirs: {file: {__metadata__}} */
     char *index_name;   /* "model.safetensors.index.json" when the source had one */
+    cJSON *index_meta;  /* the source index's "metadata" object (merge writes it back) */
+    unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
+    unsigned char *rank_written; /* sharded dirs: tp entries, the manifest says written */
+    char *plan_name;    /* sharded dirs: plan recorded in the manifest */
 };
+
+/* Copies the config and tokenizer files of ck's directory into out_dir. */
+tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir);
+/* Reads [off, off+len) of tensor i from rank `rank`'s local bytes (sharded dirs). */
+int tps_ckpt_piece_of_rank(const tps_ckpt *ck, size_t i, int rank);
 
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
@@ -260,6 +269,9 @@ struct tps_layout {
     size_t nchecks;
     char *rejected;
 };
+
+/* Bytes of tensor i on rank r under the layout. */
+uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);

@@ -142,6 +142,9 @@ size_t tps_ckpt_file_count(const tps_ckpt *ck);
 const char *tps_ckpt_file(const tps_ckpt *ck, size_t i);
 uint64_t tps_ckpt_total_bytes(const tps_ckpt *ck);
 int tps_ckpt_has_config(const tps_ckpt *ck);
+/* A config.json value (top level, then text_config) as JSON text into buf:
+ * 0 found, -1 absent (or no config). */
+int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size_t len);
 /* The config facts that matter for TP, as JSON text (owned); see inspect. */
 tps_err tps_ckpt_config_summary(tps_ctx *ctx, const tps_ckpt *ck, char **json_out);
 /* Reads bytes [off, off+len) of tensor i as its row-major bytes. */

@@ -1,0 +1,294 @@
+/* cli.c - display level, error printing, progress, checked parsers, JSON. */
+#include "cli.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+int g_display = 1;
+int g_json = 0;
+
+static void json_escaped(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        default:
+            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static int progress_shown;
+
+void cli_progress_done(void)
+{
+    if (progress_shown) {
+        fputs("\r\033[K", stderr);
+        progress_shown = 0;
+    }
+}
+
+static int vmessage(const char *prefix, const char *fmt, va_list ap)
+{
+    char msg[4096];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    cli_progress_done();
+    fprintf(stderr, "tpshard: %s%s\n", prefix, msg);
+    if (g_json && strcmp(prefix, "error: ") == 0) {
+        fputs("{\"ok\":false,\"error\":", stdout);
+        json_escaped(stdout, msg);
+        fputs("}\n", stdout);
+        fflush(stdout);
+    }
+    return 1;
+}
+
+int cli_error(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage("error: ", fmt, ap);
+    va_end(ap);
+    return 1;
+}
+
+int cli_lib_error(tps_ctx *ctx, tps_err e)
+{
+    const char *m = tps_ctx_errmsg(ctx);
+    if (e == TPS_E_INTERRUPTED) {
+        cli_error("interrupted; no partial file was left under a final name");
+        return 130;
+    }
+    if (m && *m) return cli_error("%s", m);
+    return cli_error("%s", tps_strerror(e));
+}
+
+int cli_usage_error(const char *usage, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char msg[1024];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "tpshard: %s\n", msg);
+    const char *nl = strchr(usage, '\n');
+    fprintf(stderr, "%.*s\nTry '%s -h' for more.\n", nl ? (int)(nl - usage) : (int)strlen(usage),
+            usage, "tpshard <command>");
+    return 2;
+}
+
+void cli_warn(const char *fmt, ...)
+{
+    if (g_display < 1) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage("warning: ", fmt, ap);
+    va_end(ap);
+}
+
+void cli_info(const char *fmt, ...)
+{
+    if (g_display < 2) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vmessage("", fmt, ap);
+    va_end(ap);
+}
+
+static void log_cb(void *user, tps_log_level lvl, const char *msg)
+{
+    (void)user;
+    if (lvl == TPS_LOG_WARN) cli_warn("%s", msg);
+    else if (lvl == TPS_LOG_INFO) cli_info("%s", msg);
+    else if (lvl == TPS_LOG_DEBUG && g_display >= 3) cli_info("%s", msg);
+    else if (lvl == TPS_LOG_ERROR) cli_error("%s", msg);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static double prog_start, prog_last;
+
+/* On a terminal (or at -v): "42% 1.2 GiB/2.9 GiB 1.8 GiB/s ETA 1s  tensor". */
+static void progress_cb(void *user, uint64_t done, uint64_t total, const char *what)
+{
+    (void)user;
+    double t = now_s();
+    if (prog_start == 0) prog_start = t;
+    if (t - prog_last < 0.25 && done < total) return;
+    prog_last = t;
+    char a[32], b[32], r[32];
+    double el = t - prog_start, rate = el > 0 ? done / el : 0;
+    double eta = rate > 0 ? (total - done) / rate : 0;
+    int tty = isatty(2);
+    fprintf(stderr, "%s%5.1f%% %s/%s %s/s ETA %.0fs  %.60s%s", tty ? "\r\033[K" : "",
+            total ? 100.0 * done / total : 100.0, cli_human(done, a, sizeof a),
+            cli_human(total, b, sizeof b), cli_human((uint64_t)rate, r, sizeof r), eta,
+            what ? what : "", tty ? "" : "\n");
+    progress_shown = tty;
+}
+
+tps_ctx *cli_ctx(void)
+{
+    tps_ctx *ctx = tps_ctx_new();
+    if (!ctx) {
+        fprintf(stderr, "tpshard: error: out of memory\n");
+        exit(1);
+    }
+    tps_ctx_set_log(ctx, log_cb, NULL);
+    g_sig_ctx = ctx;
+    if (!g_json && ((g_display >= 1 && isatty(2)) || g_display >= 2))
+        tps_ctx_set_progress(ctx, progress_cb, NULL);
+    return ctx;
+}
+
+int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < min || v > max)
+        return cli_usage_error(usage, "%s: '%s' is not a whole number from %ld to %ld", opt, s, min, max);
+    *out = v;
+    return 0;
+}
+
+int cli_parse_size(const char *usage, const char *opt, const char *s, uint64_t *out)
+{
+    if (tps_parse_size(s, out) != 0 || *out == 0)
+        return cli_usage_error(usage, "%s: '%s' is not a size (e.g. 512M, 5G)", opt, s);
+    return 0;
+}
+
+const char *cli_human(uint64_t v, char *buf, size_t len)
+{
+    static const char *const u[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+    double d = (double)v;
+    int i = 0;
+    while (d >= 1024 && i < 5) {
+        d /= 1024;
+        i++;
+    }
+    if (i == 0) snprintf(buf, len, "%llu B", (unsigned long long)v);
+    else snprintf(buf, len, "%.2f %s", d, u[i]);
+    return buf;
+}
+
+/* ------------------------------------------------------------------ JSON writer */
+
+static int jw_depth;
+static int jw_need_comma[64];
+static int jw_after_key;
+static char jw_close[64];
+
+static void jw_pre(void)
+{
+    if (jw_after_key) {
+        jw_after_key = 0;
+        return;
+    }
+    if (jw_depth > 0 && jw_need_comma[jw_depth]) fputc(',', stdout);
+    if (jw_depth > 0) jw_need_comma[jw_depth] = 1;
+}
+
+void jw_obj(void)
+{
+    jw_pre();
+    fputc('{', stdout);
+    jw_need_comma[++jw_depth] = 0;
+    jw_close[jw_depth] = '}';
+}
+
+void jw_arr(void)
+{
+    jw_pre();
+    fputc('[', stdout);
+    jw_need_comma[++jw_depth] = 0;
+    jw_close[jw_depth] = ']';
+}
+
+void jw_end(void)
+{
+    if (jw_depth > 0) fputc(jw_close[jw_depth--], stdout);
+}
+
+void jw_key(const char *k)
+{
+    jw_pre();
+    json_escaped(stdout, k);
+    fputc(':', stdout);
+    jw_after_key = 1;
+}
+
+void jw_str(const char *s)
+{
+    jw_pre();
+    if (s) json_escaped(stdout, s);
+    else fputs("null", stdout);
+}
+
+void jw_int(int64_t v)
+{
+    jw_pre();
+    printf("%lld", (long long)v);
+}
+
+void jw_uint(uint64_t v)
+{
+    jw_pre();
+    printf("%llu", (unsigned long long)v);
+}
+
+void jw_num(double v)
+{
+    jw_pre();
+    if (isfinite(v)) printf("%.9g", v);
+    else fputs("null", stdout);
+}
+
+void jw_bool(int v)
+{
+    jw_pre();
+    fputs(v ? "true" : "false", stdout);
+}
+
+void jw_null(void)
+{
+    jw_pre();
+    fputs("null", stdout);
+}
+
+void jw_raw(const char *json)
+{
+    jw_pre();
+    fputs(json, stdout);
+}
+
+void jw_done(void)
+{
+    fputc('\n', stdout);
+    fflush(stdout);
+    jw_depth = 0;
+}
+
+void jw_kstr(const char *k, const char *v) { jw_key(k); jw_str(v); }
+void jw_kint(const char *k, int64_t v) { jw_key(k); jw_int(v); }
+void jw_kuint(const char *k, uint64_t v) { jw_key(k); jw_uint(v); }
+void jw_knum(const char *k, double v) { jw_key(k); jw_num(v); }
+void jw_kbool(const char *k, int v) { jw_key(k); jw_bool(v); }

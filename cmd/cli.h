@@ -1,0 +1,76 @@
+/* cli.h - what the subcommands share: display level, errors, a tiny JSON
+ * writer, checked number parsing. cmd/ includes only lib/tpshard.h. */
+#ifndef TPS_CLI_H
+#define TPS_CLI_H
+#include <stdint.h>
+#include <stdio.h>
+
+#include "tpshard.h"
+
+/* 0 = -q (errors only), 1 = default (results + warnings), 2 = -v (progress, info), 3 = -vv. */
+extern int g_display;
+/* Set by --json: errors are printed as a JSON document on stdout too. */
+extern int g_json;
+
+/* "tpshard: error: <msg>" on stderr (and {"ok":false,"error":...} on stdout
+ * in --json mode). Returns 1, the failure exit status. */
+int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Prints the library's error detail for e; returns 1. */
+int cli_lib_error(tps_ctx *ctx, tps_err e);
+/* Usage error: prints "tpshard: <msg>" and the usage text on stderr; returns 2. */
+int cli_usage_error(const char *usage, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cli_warn(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void cli_info(const char *fmt, ...) __attribute__((format(printf, 1, 2))); /* shown at -v */
+
+/* The ctx signal handlers interrupt (set by cli_ctx). */
+extern tps_ctx *g_sig_ctx;
+/* A ctx wired to stderr by display level, with progress on a terminal. */
+tps_ctx *cli_ctx(void);
+/* Progress line helpers (used by cli_ctx's callback). */
+void cli_progress_done(void);
+
+/* Checked parsers: 0 ok, else prints a usage error and returns 2. */
+int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out);
+int cli_parse_size(const char *usage, const char *opt, const char *s, uint64_t *out);
+
+/* Human sizes: "1.50 GiB" into buf. */
+const char *cli_human(uint64_t bytes, char *buf, size_t len);
+
+/* Minimal JSON writer on stdout: commas and nesting handled. */
+void jw_obj(void);              /* { */
+void jw_arr(void);              /* [ */
+void jw_end(void);              /* } or ] */
+void jw_key(const char *k);
+void jw_str(const char *s);     /* NULL -> null */
+void jw_int(int64_t v);
+void jw_uint(uint64_t v);
+void jw_num(double v);
+void jw_bool(int v);
+void jw_null(void);
+void jw_raw(const char *json);  /* already-valid JSON text */
+void jw_done(void);             /* newline, flush */
+/* key + value shorthands */
+void jw_kstr(const char *k, const char *v);
+void jw_kint(const char *k, int64_t v);
+void jw_kuint(const char *k, uint64_t v);
+void jw_knum(const char *k, double v);
+void jw_kbool(const char *k, int v);
+
+/* Shared by plan and split: open MODEL and pick the plan (--plan, --family,
+ * or detected). Returns 0 or the exit status after printing the error. */
+int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
+                            const char *family, tps_ckpt **ck, tps_plan **plan);
+int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
+
+/* Subcommands: each returns the exit status. */
+int cmd_inspect(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
+int cmd_split(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_merge(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
+
+/* Usage texts: the first line of each is the synopsis the man page repeats. */
+extern const char usage_inspect[], usage_plan[], usage_split[], usage_check[], usage_merge[],
+    usage_verify[];
+#endif

@@ -1,0 +1,176 @@
+/* cmd_inspect.c - tpshard inspect MODEL [--json] */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char usage_inspect[] =
+    "usage: tpshard inspect MODEL [--json]\n"
+    "\n"
+    "Lists every tensor (name, dtype, shape, bytes, file), totals by dtype, the\n"
+    "config.json fields that matter for tensor parallelism, and the model family.\n"
+    "MODEL is a directory (config.json + model.safetensors or an index with parts),\n"
+    "one .safetensors file, or a tpshard output directory.\n"
+    "\n"
+    "  --json      one JSON document on stdout\n"
+    "  -q, -v      quieter, more verbose\n"
+    "  -h, --help  this text\n";
+
+static const char *const cfg_fields[] = {
+    "architectures", "model_type", "num_attention_heads", "num_key_value_heads",
+    "num_global_key_value_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size",
+    "num_hidden_layers", "tie_word_embeddings", "hidden_size_per_layer_input",
+    "vocab_size_per_layer_input", "enable_moe_block", "torch_dtype", NULL};
+
+static const char *kind_name(tps_src_kind k)
+{
+    switch (k) {
+    case TPS_SRC_FILE: return "file";
+    case TPS_SRC_DIR: return "directory";
+    case TPS_SRC_INDEX: return "index";
+    case TPS_SRC_SHARDED: return "tpshard output";
+    }
+    return "?";
+}
+
+static void shape_str(const uint64_t *s, int n, char *buf, size_t len)
+{
+    size_t o = 0;
+    o += (size_t)snprintf(buf + o, len - o, "[");
+    for (int i = 0; i < n && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? ", " : "", (unsigned long long)s[i]);
+    if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+                                         {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': g_json = 1; break;
+        case 'q': g_display = 0; break;
+        case 'v': g_display++; break;
+        case 'h': fputs(usage_inspect, stdout); return 0;
+        default: return cli_usage_error(usage_inspect, "inspect: bad option");
+        }
+    }
+    if (optind != argc - 1) return cli_usage_error(usage_inspect, "inspect: give exactly one MODEL");
+    const char *path = argv[optind];
+    tps_ctx *ctx = cli_ctx();
+    tps_ckpt *ck = NULL;
+    tps_plan *plan = NULL;
+    int status = 0;
+    tps_err e = tps_ckpt_open(ctx, path, &ck);
+    if (e) {
+        status = cli_lib_error(ctx, e);
+        goto out;
+    }
+    /* Family detection failing is information here, not an error. */
+    const char *family = NULL;
+    if (tps_ckpt_has_config(ck) && tps_plan_detect(ctx, ck, &plan) == TPS_OK) family = tps_plan_name(plan);
+    size_t n = tps_ckpt_count(ck);
+    uint64_t by_dtype_bytes[TPS_DTYPE_COUNT_] = {0}, by_dtype_n[TPS_DTYPE_COUNT_] = {0};
+    for (size_t i = 0; i < n; i++) {
+        tps_tensor_view v;
+        tps_ckpt_tensor(ck, i, &v);
+        by_dtype_bytes[v.dtype] += v.nbytes;
+        by_dtype_n[v.dtype]++;
+    }
+    char buf[512], b2[64];
+    if (g_json) {
+        jw_obj();
+        jw_kbool("ok", 1);
+        jw_kstr("model", path);
+        jw_kstr("kind", kind_name(tps_ckpt_kind(ck)));
+        jw_key("files");
+        jw_arr();
+        for (size_t i = 0; i < tps_ckpt_file_count(ck); i++) jw_str(tps_ckpt_file(ck, i));
+        jw_end();
+        jw_kstr("family", family);
+        jw_key("config");
+        if (tps_ckpt_has_config(ck)) {
+            jw_obj();
+            for (const char *const *f = cfg_fields; *f; f++) {
+                jw_key(*f);
+                if (tps_ckpt_config_value(ck, *f, buf, sizeof buf) == 0) jw_raw(buf);
+                else jw_null();
+            }
+            jw_end();
+        } else {
+            jw_null();
+        }
+        jw_kuint("tensor_count", n);
+        jw_kuint("total_bytes", tps_ckpt_total_bytes(ck));
+        jw_key("dtypes");
+        jw_obj();
+        for (int d = 0; d < TPS_DTYPE_COUNT_; d++)
+            if (by_dtype_n[d]) {
+                jw_key(tps_dtype_name((tps_dtype)d));
+                jw_obj();
+                jw_kuint("tensors", by_dtype_n[d]);
+                jw_kuint("bytes", by_dtype_bytes[d]);
+                jw_end();
+            }
+        jw_end();
+        jw_key("tensors");
+        jw_arr();
+        for (size_t i = 0; i < n; i++) {
+            tps_tensor_view v;
+            tps_ckpt_tensor(ck, i, &v);
+            jw_obj();
+            jw_kstr("name", v.name);
+            jw_kstr("dtype", tps_dtype_name(v.dtype));
+            jw_key("shape");
+            jw_arr();
+            for (int d = 0; d < v.ndim; d++) jw_uint(v.shape[d]);
+            jw_end();
+            jw_kuint("bytes", v.nbytes);
+            jw_kstr("file", v.file);
+            jw_end();
+        }
+        jw_end();
+        jw_end();
+        jw_done();
+        goto out;
+    }
+    printf("model:   %s (%s, %zu file%s)\n", path, kind_name(tps_ckpt_kind(ck)), tps_ckpt_file_count(ck),
+           tps_ckpt_file_count(ck) == 1 ? "" : "s");
+    if (tps_ckpt_has_config(ck)) {
+        printf("family:  %s\n", family ? family : "(no built-in plan serves it; use --plan FILE)");
+        printf("config:\n");
+        for (const char *const *f = cfg_fields; *f; f++)
+            if (tps_ckpt_config_value(ck, *f, buf, sizeof buf) == 0) printf("  %-28s %s\n", *f, buf);
+    } else {
+        printf("family:  unknown (no config.json; pass --family NAME or --plan FILE to plan/split)\n");
+    }
+    printf("tensors: %zu, %s\n", n, cli_human(tps_ckpt_total_bytes(ck), b2, sizeof b2));
+    size_t w = 4;
+    for (size_t i = 0; i < n; i++) {
+        tps_tensor_view v;
+        tps_ckpt_tensor(ck, i, &v);
+        if (strlen(v.name) > w) w = strlen(v.name);
+    }
+    printf("  %-*s  %-11s  %-20s  %14s  %s\n", (int)w, "NAME", "DTYPE", "SHAPE", "BYTES", "FILE");
+    for (size_t i = 0; i < n; i++) {
+        tps_tensor_view v;
+        tps_ckpt_tensor(ck, i, &v);
+        shape_str(v.shape, v.ndim, buf, sizeof buf);
+        printf("  %-*s  %-11s  %-20s  %14llu  %s\n", (int)w, v.name, tps_dtype_name(v.dtype), buf,
+               (unsigned long long)v.nbytes, v.file);
+    }
+    printf("by dtype:\n");
+    for (int d = 0; d < TPS_DTYPE_COUNT_; d++)
+        if (by_dtype_n[d])
+            printf("  %-11s %6llu tensors  %s\n", tps_dtype_name((tps_dtype)d),
+                   (unsigned long long)by_dtype_n[d], cli_human(by_dtype_bytes[d], b2, sizeof b2));
+out:
+    tps_plan_free(plan);
+    tps_ckpt_free(ck);
+    tps_ctx_free(ctx);
+    return status;
+}

@@ -1,0 +1,257 @@
+/* cmd_plan.c - tpshard plan MODEL --tp N: the dry run, and the plan loading
+ * and printing that split shares. */
+#include <getopt.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char usage_plan[] =
+    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--list] [--json]\n"
+    "\n"
+    "Shows, without writing anything, how the plan places every tensor at tensor-\n"
+    "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
+    "the replication overhead, and every check against config.json with its verdict.\n"
+    "Exits 1 when a check rejects the split.\n"
+    "\n"
+    "  --tp N          tensor-parallel size (1..4096)\n"
+    "  --plan FILE     a YAML plan (see tpshard-plan(5))\n"
+    "  --family NAME   a built-in plan by name; default: detected from config.json\n"
+    "  --list          list the built-in plans and exit\n"
+    "  --json          one JSON document on stdout\n"
+    "  -q, -v          quieter, more verbose\n"
+    "  -h, --help      this text\n";
+
+int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
+                            const char *family, tps_ckpt **ck, tps_plan **plan)
+{
+    tps_err e = tps_ckpt_open(ctx, model, ck);
+    if (e) return cli_lib_error(ctx, e);
+    if (plan_file) e = tps_plan_load(ctx, plan_file, plan);
+    else if (family) e = tps_plan_builtin(ctx, family, plan);
+    else e = tps_plan_detect(ctx, *ck, plan);
+    if (e) return cli_lib_error(ctx, e);
+    return 0;
+}
+
+static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (int i = 0; i < n && o < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? "," : "",
+                              (unsigned long long)(i == dim ? dimlen : s[i]));
+    if (o < len) snprintf(buf + o, len - o, "]");
+}
+
+/* "[63,64] x3, [61,64]" or "[32,64]" when even. */
+static void local_desc(const tps_layout *L, size_t i, char *buf, size_t len)
+{
+    tps_placement_view v;
+    tps_layout_placement(L, i, &v);
+    if (v.dim < 0) {
+        shape_into(v.shape, v.ndim, -1, 0, buf, len);
+        return;
+    }
+    int tp = tps_layout_tp(L);
+    size_t o = 0;
+    buf[0] = 0;
+    for (int r = 0; r < tp && o < len;) {
+        uint64_t s, l, s2, l2;
+        tps_layout_local(L, i, r, &s, &l);
+        int k = r + 1;
+        while (k < tp && (tps_layout_local(L, i, k, &s2, &l2), l2 == l)) k++;
+        char sh[128];
+        shape_into(v.shape, v.ndim, v.dim, l, sh, sizeof sh);
+        o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", sh);
+        if (k - r > 1 && o < len) o += (size_t)snprintf(buf + o, len - o, " x%d", k - r);
+        r = k;
+    }
+}
+
+int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L)
+{
+    int tp = tps_layout_tp(L);
+    size_t n = tps_layout_count(L);
+    uint64_t total = tps_ckpt_total_bytes(ck), sum = 0, maxr = 0;
+    for (int r = 0; r < tp; r++) {
+        uint64_t b = tps_layout_rank_bytes(L, r);
+        sum += b;
+        if (b > maxr) maxr = b;
+    }
+    double overhead = total ? (double)(sum - total) / (double)total : 0;
+    const char *rej = tps_layout_rejected(L);
+    char buf[1024], b1[32], b2[32];
+    if (g_json) {
+        jw_obj();
+        jw_kbool("ok", rej == NULL);
+        jw_kstr("model", model);
+        jw_kstr("plan", tps_plan_name(plan));
+        jw_kint("tp", tp);
+        jw_kstr("rejected", rej);
+        jw_key("checks");
+        jw_arr();
+        for (size_t i = 0; i < tps_layout_check_count(L); i++) {
+            tps_check_view c;
+            tps_layout_check(L, i, &c);
+            jw_obj();
+            jw_kstr("check", c.name);
+            jw_kstr("verdict", c.ok == 1 ? "pass" : c.ok == 0 ? "fail" : "skipped");
+            jw_kstr("detail", c.detail);
+            jw_end();
+        }
+        jw_end();
+        jw_key("tensors");
+        jw_arr();
+        for (size_t i = 0; i < n; i++) {
+            tps_placement_view v;
+            tps_layout_placement(L, i, &v);
+            jw_obj();
+            jw_kstr("name", v.name);
+            jw_kstr("dtype", tps_dtype_name(v.dtype));
+            jw_kstr("style", tps_style_name(v.style));
+            if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
+            jw_kstr("placement", v.dim >= 0 ? b1 : "Replicate");
+            jw_kstr("rule", v.rule);
+            jw_key("shape");
+            jw_arr();
+            for (int d = 0; d < v.ndim; d++) jw_uint(v.shape[d]);
+            jw_end();
+            jw_key("local_shapes");
+            jw_arr();
+            for (int r = 0; r < tp; r++) {
+                uint64_t s, l;
+                tps_layout_local(L, i, r, &s, &l);
+                jw_arr();
+                for (int d = 0; d < v.ndim; d++) jw_uint(d == v.dim ? l : v.shape[d]);
+                jw_end();
+            }
+            jw_end();
+            jw_end();
+        }
+        jw_end();
+        jw_key("rank_bytes");
+        jw_arr();
+        for (int r = 0; r < tp; r++) jw_uint(tps_layout_rank_bytes(L, r));
+        jw_end();
+        jw_kuint("source_bytes", total);
+        jw_knum("replication_overhead", overhead);
+        jw_end();
+        jw_done();
+        return rej ? 1 : 0;
+    }
+    printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
+    size_t w = 6;
+    for (size_t i = 0; i < n; i++) {
+        tps_placement_view v;
+        tps_layout_placement(L, i, &v);
+        if (strlen(v.name) > w) w = strlen(v.name);
+    }
+    printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, "TENSOR", "STYLE", "PLACEMENT", "GLOBAL",
+           "LOCAL (rank 0..)");
+    for (size_t i = 0; i < n; i++) {
+        tps_placement_view v;
+        tps_layout_placement(L, i, &v);
+        char g[128];
+        shape_into(v.shape, v.ndim, -1, 0, g, sizeof g);
+        local_desc(L, i, buf, sizeof buf);
+        if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
+        printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, tps_style_name(v.style),
+               v.dim >= 0 ? b1 : "Replicate", g, buf);
+    }
+    printf("\nbytes per rank:");
+    for (int r = 0; r < tp; r++) printf("%s %d: %s", r ? "," : "", r, cli_human(tps_layout_rank_bytes(L, r), b1, sizeof b1));
+    printf("\nsource %s; all ranks %s; replication overhead %.1f%%; largest rank %.1f%% of the source\n",
+           cli_human(total, b1, sizeof b1), cli_human(sum, b2, sizeof b2), 100.0 * overhead,
+           total ? 100.0 * (double)maxr / (double)total : 0.0);
+    printf("\nchecks:\n");
+    for (size_t i = 0; i < tps_layout_check_count(L); i++) {
+        tps_check_view c;
+        tps_layout_check(L, i, &c);
+        printf("  %-7s %s: %s\n", c.ok == 1 ? "pass" : c.ok == 0 ? "FAIL" : "skipped", c.name, c.detail);
+    }
+    if (rej) printf("\nverdict: rejected: %s\n", rej);
+    else printf("\nverdict: accepted\n");
+    return rej ? 1 : 0;
+}
+
+static int list_plans(void)
+{
+    tps_ctx *ctx = cli_ctx();
+    if (g_json) {
+        jw_obj();
+        jw_kbool("ok", 1);
+        jw_key("plans");
+        jw_arr();
+    }
+    for (size_t i = 0; i < tps_plan_builtin_count(); i++) {
+        tps_plan *p = NULL;
+        const char *name = tps_plan_builtin_name(i);
+        const char *desc = tps_plan_builtin(ctx, name, &p) == TPS_OK ? tps_plan_description(p) : "";
+        if (g_json) {
+            jw_obj();
+            jw_kstr("name", name);
+            jw_kstr("description", desc);
+            jw_end();
+        } else {
+            printf("  %-10s %s\n", name, desc ? desc : "");
+        }
+        tps_plan_free(p);
+    }
+    if (g_json) {
+        jw_end();
+        jw_end();
+        jw_done();
+    }
+    tps_ctx_free(ctx);
+    return 0;
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"tp", required_argument, 0, 't'},   {"plan", required_argument, 0, 'p'},
+        {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
+        {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
+        {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
+        {0, 0, 0, 0}};
+    long tp = 0;
+    const char *plan_file = NULL, *family = NULL;
+    int list = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            if (cli_parse_int(usage_plan, "--tp", optarg, 1, 4096, &tp)) return 2;
+            break;
+        case 'p': plan_file = optarg; break;
+        case 'f': family = optarg; break;
+        case 'l': list = 1; break;
+        case 'j': g_json = 1; break;
+        case 'q': g_display = 0; break;
+        case 'v': g_display++; break;
+        case 'h': fputs(usage_plan, stdout); return 0;
+        default: return cli_usage_error(usage_plan, "plan: bad option");
+        }
+    }
+    if (list) return list_plans();
+    if (plan_file && family) return cli_usage_error(usage_plan, "plan: --plan and --family conflict; give one");
+    if (optind != argc - 1) return cli_usage_error(usage_plan, "plan: give exactly one MODEL");
+    if (!tp) return cli_usage_error(usage_plan, "plan: --tp N is required");
+    tps_ctx *ctx = cli_ctx();
+    tps_ckpt *ck = NULL;
+    tps_plan *plan = NULL;
+    tps_layout *L = NULL;
+    int status = cli_open_model_and_plan(ctx, argv[optind], plan_file, family, &ck, &plan);
+    if (!status) {
+        tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
+        status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);
+        if (!g_json && status == 1 && L && tps_layout_rejected(L))
+            fprintf(stderr, "tpshard: error: plan %s rejects tp %ld: %s\n", tps_plan_name(plan), tp,
+                    tps_layout_rejected(L));
+    }
+    tps_layout_free(L);
+    tps_plan_free(plan);
+    tps_ckpt_free(ck);
+    tps_ctx_free(ctx);
+    return status;
+}

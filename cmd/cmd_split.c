@@ -1,0 +1,149 @@
+/* cmd_split.c - tpshard split MODEL --tp N [-o DIR] ... */
+#include <getopt.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+const char usage_split[] =
+    "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--ranks LIST] "
+    "[--threads N] [--max-part-size SIZE] [--force] [--dry-run] [-q | -v] [--json]\n"
+    "\n"
+    "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
+    "shard PyTorch DTensor gives that rank, then the manifest tpshard.json, and\n"
+    "copies config.json and the tokenizer files. Nothing is written when the plan\n"
+    "rejects the model.\n"
+    "\n"
+    "  --tp N               tensor-parallel size (1..4096)\n"
+    "  -o, --output DIR     output directory; default <name>-tp<N> beside MODEL\n"
+    "  --plan FILE          a YAML plan (see tpshard-plan(5))\n"
+    "  --family NAME        a built-in plan by name; default: detected from config.json\n"
+    "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
+    "  --threads N          worker threads; default: all cores\n"
+    "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
+    "  --force              replace an existing output in DIR\n"
+    "  --dry-run            print the plan (as 'tpshard plan') and write nothing\n"
+    "  --json               one JSON document on stdout\n"
+    "  -q, -v               quieter (errors only), more verbose (progress)\n"
+    "  -h, --help           this text\n";
+
+int cmd_split(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"tp", required_argument, 0, 't'},       {"output", required_argument, 0, 'o'},
+        {"plan", required_argument, 0, 'p'},     {"family", required_argument, 0, 'f'},
+        {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
+        {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
+        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
+        {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
+        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+    long tp = 0, threads = 0;
+    const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL;
+    uint64_t max_part = 0;
+    int force = 0, dry = 0, c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
+        switch (c) {
+        case 't':
+            if (cli_parse_int(usage_split, "--tp", optarg, 1, 4096, &tp)) return 2;
+            break;
+        case 'o': out = optarg; break;
+        case 'p': plan_file = optarg; break;
+        case 'f': family = optarg; break;
+        case 'r': ranks = optarg; break;
+        case 'T':
+            if (cli_parse_int(usage_split, "--threads", optarg, 1, 1024, &threads)) return 2;
+            break;
+        case 'm':
+            if (cli_parse_size(usage_split, "--max-part-size", optarg, &max_part)) return 2;
+            break;
+        case 'F': force = 1; break;
+        case 'n': dry = 1; break;
+        case 'j': g_json = 1; break;
+        case 'q': g_display = 0; break;
+        case 'v': g_display++; break;
+        case 'h': fputs(usage_split, stdout); return 0;
+        default: return cli_usage_error(usage_split, "split: bad option");
+        }
+    }
+    if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");
+    if (optind != argc - 1) return cli_usage_error(usage_split, "split: give exactly one MODEL");
+    if (!tp) return cli_usage_error(usage_split, "split: --tp N is required");
+    unsigned char *mask = NULL;
+    if (ranks) {
+        mask = calloc((size_t)tp, 1);
+        if (!mask || tps_parse_ranks(ranks, (int)tp, mask) != 0) {
+            free(mask);
+            return cli_usage_error(usage_split, "split: --ranks '%s' is not a list of ranks below %ld (e.g. 0,3-5)",
+                                   ranks, tp);
+        }
+    }
+    const char *model = argv[optind];
+    tps_ctx *ctx = cli_ctx();
+    if (threads) tps_ctx_set_threads(ctx, (int)threads);
+    tps_ckpt *ck = NULL;
+    tps_plan *plan = NULL;
+    tps_layout *L = NULL;
+    char *outbuf = NULL;
+    int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
+    if (status) goto done;
+    tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
+    if (e) {
+        status = cli_lib_error(ctx, e);
+        goto done;
+    }
+    if (dry) {
+        status = cli_print_plan(model, ck, plan, L);
+        if (status && !g_json) cli_error("plan %s rejects tp %ld: %s", tps_plan_name(plan), tp, tps_layout_rejected(L));
+        goto done;
+    }
+    if (!out) {
+        /* <name>-tp<N> beside the input, as users expect from one argument. */
+        char *tmp = strdup(model);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+        const char *parent = tps_ckpt_kind(ck) == TPS_SRC_FILE ? tps_ckpt_dir(ck) : dirname(tmp);
+        if (asprintf(&outbuf, "%s/%s-tp%ld", parent, tps_ckpt_stem(ck), tp) < 0) outbuf = NULL;
+        free(tmp);
+        out = outbuf;
+    }
+    tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out};
+    tps_split_result res;
+    e = tps_split(ctx, ck, L, &so, &res);
+    cli_progress_done();
+    if (e) {
+        status = cli_lib_error(ctx, e);
+        goto done;
+    }
+    char b1[32];
+    if (g_json) {
+        jw_obj();
+        jw_kbool("ok", 1);
+        jw_kstr("model", model);
+        jw_kstr("output", out);
+        jw_kstr("plan", tps_plan_name(plan));
+        jw_kint("tp", tp);
+        jw_kint("ranks_written", res.ranks_written);
+        jw_kint("files_written", res.files_written);
+        jw_kuint("bytes_written", res.bytes_written);
+        jw_key("rank_bytes");
+        jw_arr();
+        for (int r = 0; r < tp; r++) jw_uint(mask && !mask[r] ? 0 : tps_layout_rank_bytes(L, r));
+        jw_end();
+        jw_end();
+        jw_done();
+    } else if (g_display >= 1) {
+        printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s)\n", res.files_written,
+               res.files_written == 1 ? "" : "s", cli_human(res.bytes_written, b1, sizeof b1),
+               res.ranks_written, tp, out, tps_plan_name(plan));
+    }
+done:
+    free(mask);
+    free(outbuf);
+    tps_layout_free(L);
+    tps_plan_free(plan);
+    tps_ckpt_free(ck);
+    tps_ctx_free(ctx);
+    return status;
+}

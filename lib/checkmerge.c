@@ -1,0 +1,349 @@
+/* checkmerge.c - prove a shard directory intact without the source (check),
+ * and give back the full checkpoint in its original layout (merge). */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define CHUNK (8u << 20)
+
+static tps_err open_sharded_dir(tps_ctx *ctx, const char *dir, tps_ckpt **ck)
+{
+    char *m = tps_path_join(dir, TPS_MANIFEST);
+    int there = m && tps_exists(m);
+    free(m);
+    if (!there)
+        return tps_fail(ctx, TPS_E_IO, "%s: not a tpshard output directory (no %s)", dir, TPS_MANIFEST);
+    return tps_ckpt_open(ctx, dir, ck);
+}
+
+typedef struct {
+    size_t t;
+    int piece;
+    uint64_t off, len;
+    uint32_t crc;
+} crc_task;
+
+/* CRC32 of every piece, chunks in parallel, joined with crc32_combine. */
+static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, size_t **out_base,
+                          uint64_t *bytes)
+{
+    size_t ntask = 0, npieces = 0;
+    for (size_t i = 0; i < ck->n; i++)
+        for (int p = 0; p < ck->t[i].npieces; p++) {
+            ntask += ck->t[i].pieces[p].nbytes / CHUNK + 1;
+            npieces++;
+        }
+    crc_task *T = tps_xcalloc(ntask, sizeof *T);
+    size_t *base = tps_xcalloc(ck->n + 1, sizeof *base);
+    uint32_t *crc = tps_xcalloc(npieces, sizeof *crc);
+    if (!T || !base || !crc) {
+        free(T);
+        free(base);
+        free(crc);
+        return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    }
+    size_t k = 0, pc = 0;
+    for (size_t i = 0; i < ck->n; i++) {
+        base[i] = pc;
+        for (int p = 0; p < ck->t[i].npieces; p++, pc++) {
+            uint64_t n = ck->t[i].pieces[p].nbytes;
+            uint64_t a = 0;
+            do {
+                uint64_t len = n - a < CHUNK ? n - a : CHUNK;
+                T[k++] = (crc_task){.t = i, .piece = p, .off = a, .len = len};
+                a += len;
+            } while (a < n);
+        }
+    }
+    base[ck->n] = pc;
+    volatile int failed = 0;
+    tps_err err = TPS_OK;
+    uint64_t total = 0;
+#pragma omp parallel num_threads(tps_threads(ctx)) reduction(+ : total)
+    {
+        char *buf = tps_xmalloc(CHUNK);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t j = 0; j < k; j++) {
+            if (failed || !buf || ctx->interrupted) {
+#pragma omp critical
+                if (!failed) {
+                    err = !buf ? tps_fail(ctx, TPS_E_NOMEM, "out of memory")
+                               : tps_fail(ctx, TPS_E_INTERRUPTED, "interrupted");
+                    failed = 1;
+                }
+                continue;
+            }
+            tps_err rc = tps_ckpt_read_piece(ctx, ck, T[j].t, T[j].piece, T[j].off, buf, (size_t)T[j].len);
+            if (rc) {
+#pragma omp critical
+                if (!failed) {
+                    err = rc;
+                    failed = 1;
+                }
+                continue;
+            }
+            T[j].crc = (uint32_t)crc32_z(0, (const Bytef *)buf, (size_t)T[j].len);
+            total += T[j].len;
+        }
+        free(buf);
+    }
+    if (!failed) {
+        size_t j = 0;
+        for (size_t i = 0; i < ck->n; i++)
+            for (int p = 0; p < ck->t[i].npieces; p++) {
+                uint32_t c = 0;
+                do {
+                    c = (uint32_t)crc32_combine(c, T[j].crc, (z_off_t)T[j].len);
+                    j++;
+                } while (j < k && T[j].t == i && T[j].piece == p && T[j].off != 0);
+                crc[base[i] + (size_t)p] = c;
+            }
+    }
+    free(T);
+    if (failed) {
+        free(base);
+        free(crc);
+        return err;
+    }
+    *out_crc = crc;
+    *out_base = base;
+    *bytes = total;
+    return TPS_OK;
+}
+
+tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
+{
+    memset(res, 0, sizeof *res);
+    tps_ckpt *ck = NULL;
+    uint32_t *crc = NULL;
+    size_t *base = NULL;
+    tps_err rc = TPS_OK;
+    TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
+    res->tp = ck->tp;
+    res->files_checked = (int)ck->nfiles;
+    size_t ml = 0;
+    for (int r = 0; r < ck->tp; r++) {
+        if (ck->rank_present[r]) {
+            res->ranks_present++;
+            continue;
+        }
+        int w = snprintf(res->missing_ranks + ml, sizeof res->missing_ranks - ml, "%s%d", ml ? "," : "", r);
+        if (w > 0 && ml + (size_t)w < sizeof res->missing_ranks) ml += (size_t)w;
+    }
+    TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        for (int p = 0; p < t->npieces; p++) {
+            const tps_piece *pc = &t->pieces[p];
+            const char *fname = ck->files[pc->file].path;
+            TPS_FAIL_IF(!pc->has_crc, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': the manifest records no CRC32 for rank %d", fname, t->name,
+                        pc->rank);
+            TPS_FAIL_IF(crc[base[i] + (size_t)p] != pc->crc, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': CRC32 0x%08x does not match the manifest's 0x%08x (the "
+                        "bytes changed)",
+                        fname, t->name, crc[base[i] + (size_t)p], pc->crc);
+            if (t->dim < 0 && p > 0)
+                TPS_FAIL_IF(crc[base[i] + (size_t)p] != crc[base[i]], ctx, TPS_E_MISMATCH,
+                            "%s: replicated tensor '%s' differs between rank %d and rank %d", dir,
+                            t->name, t->pieces[0].rank, pc->rank);
+        }
+        res->tensors_checked++;
+    }
+out:
+    free(crc);
+    free(base);
+    tps_ckpt_free(ck);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ merge */
+
+static tps_err same_bytes(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char *a, char *b)
+{
+    const tps_ctensor *t = &ck->t[i];
+    for (uint64_t off = 0; off < t->pieces[0].nbytes; off += CHUNK / 2) {
+        size_t len = (size_t)(t->pieces[0].nbytes - off < CHUNK / 2 ? t->pieces[0].nbytes - off : CHUNK / 2);
+        TPS_TRY(tps_ckpt_read_piece(ctx, ck, i, 0, off, a, len));
+        TPS_TRY(tps_ckpt_read_piece(ctx, ck, i, p, off, b, len));
+        if (memcmp(a, b, len) != 0)
+            return tps_fail(ctx, TPS_E_MISMATCH,
+                            "%s: replicated tensor '%s' differs between rank %d and rank %d; refusing "
+                            "to merge",
+                            ck->path, t->name, t->pieces[0].rank, t->pieces[p].rank);
+    }
+    return TPS_OK;
+}
+
+static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *out_dir)
+{
+    tps_err rc = TPS_OK;
+    size_t n = 0;
+    tps_st_entry *ent = tps_xcalloc(ck->n, sizeof *ent);
+    size_t *map = tps_xcalloc(ck->n, sizeof *map);
+    const char **mk = NULL, **mv = NULL;
+    char *hdr = NULL, *final = tps_path_join(out_dir, origin), *tmp = NULL;
+    int fd = -1;
+    TPS_FAIL_IF(!ent || !map || !final, ctx, TPS_E_NOMEM, "out of memory");
+    tmp = tps_tmp_name(final);
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        if (strcmp(t->origin, origin) != 0) continue;
+        map[n] = i;
+        ent[n++] = (tps_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                                  .shape = t->shape, .nbytes = t->nbytes};
+    }
+    const cJSON *md = cJSON_GetObjectItemCaseSensitive(ck->origin_meta, origin);
+    size_t nm = md ? (size_t)cJSON_GetArraySize(md) : 0;
+    mk = tps_xcalloc(nm, sizeof *mk);
+    mv = tps_xcalloc(nm, sizeof *mv);
+    TPS_FAIL_IF(!mk || !mv || !tmp, ctx, TPS_E_NOMEM, "out of memory");
+    size_t j = 0;
+    for (const cJSON *c = md ? md->child : NULL; c; c = c->next)
+        if (cJSON_IsString(c)) {
+            mk[j] = c->string;
+            mv[j++] = c->valuestring;
+        }
+    size_t hlen;
+    TPS_CHECK(tps_st_build_header(ctx, ent, n, mk, mv, j, &hdr, &hlen));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    TPS_FAIL_IF(fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    TPS_CHECK(tps_pwrite_full(ctx, fd, final, hdr, hlen, 0));
+    volatile int failed = 0;
+    tps_err err = TPS_OK;
+#pragma omp parallel num_threads(tps_threads(ctx))
+    {
+        char *buf = tps_xmalloc(CHUNK);
+#pragma omp for schedule(dynamic, 1)
+        for (size_t k = 0; k < n; k++) {
+            if (failed) continue;
+            tps_err e = buf ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            const tps_ctensor *t = &ck->t[map[k]];
+            for (uint64_t off = 0; !e && off < t->nbytes; off += CHUNK) {
+                size_t len = (size_t)(t->nbytes - off < CHUNK ? t->nbytes - off : CHUNK);
+                e = ctx->interrupted ? tps_fail(ctx, TPS_E_INTERRUPTED, "interrupted")
+                                     : tps_ckpt_read(ctx, ck, map[k], off, buf, len);
+                if (!e) e = tps_pwrite_full(ctx, fd, final, buf, len, hlen + ent[k].offset + off);
+            }
+            if (e) {
+#pragma omp critical
+                if (!failed) {
+                    err = e;
+                    failed = 1;
+                }
+            }
+        }
+        free(buf);
+    }
+    if (failed) {
+        rc = err;
+        goto out;
+    }
+    TPS_FAIL_IF(fsync(fd) != 0, ctx, errno == ENOSPC ? TPS_E_NOSPACE : TPS_E_IO, "%s: fsync: %s",
+                final, strerror(errno));
+    int cr = close(fd);
+    fd = -1;
+    TPS_FAIL_IF(cr != 0, ctx, TPS_E_IO, "%s: close: %s", final, strerror(errno));
+    TPS_FAIL_IF(rename(tmp, final) != 0, ctx, TPS_E_IO, "%s: rename: %s", final, strerror(errno));
+out:
+    if (fd >= 0) close(fd);
+    if (rc && tmp) unlink(tmp);
+    free(ent);
+    free(map);
+    free(mk);
+    free(mv);
+    free(hdr);
+    free(final);
+    free(tmp);
+    return rc;
+}
+
+static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *meta = ck->index_meta ? cJSON_Duplicate(ck->index_meta, 1) : cJSON_CreateObject();
+    cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
+    cJSON_AddNumberToObject(meta, "total_size", (double)tps_ckpt_total_bytes(ck));
+    cJSON_AddItemToObject(root, "metadata", meta);
+    cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
+    for (size_t i = 0; i < ck->n; i++) cJSON_AddStringToObject(wm, ck->t[i].name, ck->t[i].origin);
+    char *text = cJSON_Print(root);
+    cJSON_Delete(root);
+    if (!text) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    char *p = tps_path_join(out_dir, ck->index_name);
+    tps_err rc = p ? tps_write_file_atomic(ctx, p, text, strlen(text)) : TPS_E_NOMEM;
+    free(p);
+    free(text);
+    return rc;
+}
+
+tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *files_written)
+{
+    tps_ckpt *ck = NULL;
+    char *a = NULL, *b = NULL, *bufa = NULL, *bufb = NULL;
+    tps_err rc = TPS_OK;
+    if (files_written) *files_written = 0;
+    TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
+    char missing[256] = "";
+    size_t ml = 0;
+    for (int r = 0; r < ck->tp; r++)
+        if (!ck->rank_present[r]) {
+            int w = snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? "," : "", r);
+            if (w > 0 && ml + (size_t)w < sizeof missing) ml += (size_t)w;
+        }
+    TPS_FAIL_IF(ml, ctx, TPS_E_MISMATCH, "%s: cannot merge: rank(s) %s are missing", dir, missing);
+    /* Replicas must agree before one is taken. */
+    bufa = tps_xmalloc(CHUNK / 2);
+    bufb = tps_xmalloc(CHUNK / 2);
+    TPS_FAIL_IF(!bufa || !bufb, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ck->n; i++)
+        if (ck->t[i].dim < 0)
+            for (int p = 1; p < ck->t[i].npieces; p++) TPS_CHECK(same_bytes(ctx, ck, i, p, bufa, bufb));
+    /* Output directory. */
+    if (tps_exists(o->out_dir)) {
+        TPS_FAIL_IF(!tps_is_dir(o->out_dir), ctx, TPS_E_EXISTS, "%s: exists and is not a directory",
+                    o->out_dir);
+        a = realpath(o->out_dir, NULL);
+        b = realpath(dir, NULL);
+        TPS_FAIL_IF(a && b && strcmp(a, b) == 0, ctx, TPS_E_ARG,
+                    "%s: merge output must not be the shard directory itself", o->out_dir);
+        for (size_t i = 0; i < ck->norigins; i++) {
+            char *p = tps_path_join(o->out_dir, ck->origins[i]);
+            int there = p && tps_exists(p);
+            free(p);
+            TPS_FAIL_IF(there && !o->force, ctx, TPS_E_EXISTS,
+                        "%s: %s already exists; pass --force to replace it", o->out_dir, ck->origins[i]);
+        }
+    } else {
+        TPS_FAIL_IF(mkdir(o->out_dir, 0755) != 0, ctx, TPS_E_IO, "%s: cannot create: %s", o->out_dir,
+                    strerror(errno));
+    }
+    for (size_t i = 0; i < ck->n; i++) {
+        size_t k;
+        for (k = 0; k < ck->norigins; k++)
+            if (strcmp(ck->origins[k], ck->t[i].origin) == 0) break;
+        TPS_FAIL_IF(k == ck->norigins, ctx, TPS_E_JSON,
+                    "%s: tensor '%s' names source file '%s', which source.files does not list", dir,
+                    ck->t[i].name, ck->t[i].origin);
+    }
+    for (size_t i = 0; i < ck->norigins; i++) {
+        TPS_CHECK(merge_file(ctx, ck, ck->origins[i], o->out_dir));
+        if (files_written) (*files_written)++;
+    }
+    if (ck->index_name) TPS_CHECK(write_index(ctx, ck, o->out_dir));
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir));
+    TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
+out:
+    free(a);
+    free(b);
+    free(bufa);
+    free(bufb);
+    tps_ckpt_free(ck);
+    return rc;
+}

@@ -1,0 +1,691 @@
+/* checkpoint.c - a model as a set of named tensors: one file, a directory
+ * with model.safetensors or an index with parts, or a tpshard output
+ * directory read through its manifest as if it were the full checkpoint.
+ * Every tensor is a list of pieces concatenated along one dim, so reading a
+ * logical byte range works the same for all of them. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MAX_JSON_FILE (256u << 20)
+
+static const char *const aux_files[] = {
+    "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "tokenizer.model", "special_tokens_map.json", "vocab.json", "merges.txt", "added_tokens.json",
+    "chat_template.json", "chat_template.jinja", "preprocessor_config.json",
+    "processor_config.json", NULL,
+};
+
+void tps_ckpt_free(tps_ckpt *ck)
+{
+    if (!ck) return;
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        if (ck->files[i].fd >= 0) close(ck->files[i].fd);
+        free(ck->files[i].name);
+        free(ck->files[i].path);
+        tps_st_free(ck->files[i].st);
+    }
+    for (size_t i = 0; i < ck->n; i++) {
+        free(ck->t[i].name);
+        free(ck->t[i].pieces);
+        free(ck->t[i].origin);
+        free(ck->t[i].placement);
+    }
+    for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
+    free(ck->origins);
+    free(ck->files);
+    free(ck->t);
+    free(ck->path);
+    free(ck->dir);
+    free(ck->stem);
+    free(ck->index_name);
+    free(ck->rank_present);
+    free(ck->rank_written);
+    free(ck->plan_name);
+    cJSON_Delete(ck->config);
+    cJSON_Delete(ck->manifest);
+    cJSON_Delete(ck->origin_meta);
+    cJSON_Delete(ck->index_meta);
+    free(ck);
+}
+
+static tps_err add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *idx)
+{
+    tps_cfile *nf = realloc(ck->files, (ck->nfiles + 1) * sizeof *nf);
+    if (!nf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    ck->files = nf;
+    tps_cfile *f = &ck->files[ck->nfiles];
+    memset(f, 0, sizeof *f);
+    f->fd = -1;
+    f->name = tps_strdup(name);
+    f->path = tps_path_join(ck->dir, name);
+    ck->nfiles++;
+    if (!f->name || !f->path) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    TPS_TRY(tps_st_open(ctx, f->path, &f->st));
+    f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    if (f->fd < 0) return tps_fail(ctx, TPS_E_IO, "%s: cannot open: %s", f->path, strerror(errno));
+    struct stat sb;
+    if (fstat(f->fd, &sb) != 0) return tps_fail(ctx, TPS_E_IO, "%s: stat: %s", f->path, strerror(errno));
+    f->size = (uint64_t)sb.st_size;
+    if (f->size != f->st->file_size)
+        return tps_fail(ctx, TPS_E_FORMAT, "%s: file changed size while being opened", f->path);
+    posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+    *idx = ck->nfiles - 1;
+    return TPS_OK;
+}
+
+static tps_err grow_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t extra)
+{
+    tps_ctensor *nt = realloc(ck->t, (ck->n + extra) * sizeof *nt);
+    if (!nt) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    ck->t = nt;
+    memset(ck->t + ck->n, 0, extra * sizeof *nt);
+    return TPS_OK;
+}
+
+/* Every tensor of file fi becomes a one-piece tensor. */
+static tps_err add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi)
+{
+    tps_cfile *f = &ck->files[fi];
+    TPS_TRY(grow_tensors(ctx, ck, f->st->n));
+    for (size_t i = 0; i < f->st->n; i++) {
+        const tps_st_tensor_info *s = &f->st->t[i];
+        tps_ctensor *t = &ck->t[ck->n++];
+        t->name = tps_strdup(s->name);
+        t->dtype = s->dtype;
+        t->ndim = s->ndim;
+        memcpy(t->shape, s->shape, sizeof t->shape);
+        t->nbytes = s->end - s->begin;
+        t->dim = -1;
+        t->npieces = 1;
+        t->pieces = tps_xcalloc(1, sizeof *t->pieces);
+        t->origin = tps_strdup(f->name);
+        if (!t->name || !t->pieces || !t->origin) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        t->pieces[0].file = (int)fi;
+        t->pieces[0].off = f->st->data_start + s->begin;
+        t->pieces[0].nbytes = t->nbytes;
+    }
+    return TPS_OK;
+}
+
+static int cmp_tensor_name(const void *a, const void *b)
+{
+    return strcmp(((const tps_ctensor *)a)->name, ((const tps_ctensor *)b)->name);
+}
+
+static tps_err sort_and_dedup(tps_ctx *ctx, tps_ckpt *ck)
+{
+    qsort(ck->t, ck->n, sizeof *ck->t, cmp_tensor_name);
+    for (size_t i = 1; i < ck->n; i++)
+        if (strcmp(ck->t[i - 1].name, ck->t[i].name) == 0)
+            return tps_fail(ctx, TPS_E_INDEX, "%s: tensor '%s' is in both %s and %s", ck->path,
+                            ck->t[i].name, ck->t[i - 1].origin, ck->t[i].origin);
+    return TPS_OK;
+}
+
+static tps_err load_json_file(tps_ctx *ctx, const char *path, cJSON **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    TPS_TRY(tps_read_file(ctx, path, MAX_JSON_FILE, &buf, &len));
+    tps_err rc = tps_json_parse(ctx, path, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+static tps_err load_config(tps_ctx *ctx, tps_ckpt *ck)
+{
+    char *p = tps_path_join(ck->dir, "config.json");
+    if (!p) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    if (tps_exists(p)) {
+        rc = load_json_file(ctx, p, &ck->config);
+        if (!rc && !cJSON_IsObject(ck->config))
+            rc = tps_fail(ctx, TPS_E_CONFIG, "%s: not a JSON object", p);
+        if (rc == TPS_E_JSON) rc = TPS_E_CONFIG;
+    }
+    free(p);
+    return rc;
+}
+
+/* A weight_map file name must be a plain name inside the model directory. */
+static int plain_name(const char *s)
+{
+    return *s && !strchr(s, '/') && !strchr(s, '\\') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static tps_err open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
+{
+    tps_err rc = TPS_OK;
+    cJSON *idx = NULL;
+    const char **mapped_file = NULL;
+    TPS_CHECK(load_json_file(ctx, ipath, &idx));
+    TPS_FAIL_IF(!cJSON_IsObject(idx), ctx, TPS_E_INDEX, "%s: not a JSON object", ipath);
+    const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
+    TPS_FAIL_IF(!cJSON_IsObject(wm), ctx, TPS_E_INDEX, "%s: weight_map is missing or not an object",
+                ipath);
+    const char *dup = tps_json_dup_key(wm);
+    TPS_FAIL_IF(dup, ctx, TPS_E_INDEX, "%s: weight_map: tensor '%s' listed twice", ipath, dup);
+    const cJSON *meta = cJSON_GetObjectItemCaseSensitive(idx, "metadata");
+    if (cJSON_IsObject(meta)) ck->index_meta = cJSON_Duplicate(meta, 1);
+    /* Open each named part once, in first-mention order. */
+    for (const cJSON *e = wm->child; e; e = e->next) {
+        TPS_FAIL_IF(!cJSON_IsString(e), ctx, TPS_E_INDEX,
+                    "%s: weight_map['%s'] is not a file name string", ipath, e->string);
+        const char *fn = e->valuestring;
+        TPS_FAIL_IF(!plain_name(fn), ctx, TPS_E_INDEX,
+                    "%s: weight_map['%s'] names '%s': file names must be plain names inside the "
+                    "model directory (no '/', '..' or absolute paths)",
+                    ipath, e->string, fn);
+        size_t k;
+        for (k = 0; k < ck->nfiles; k++)
+            if (strcmp(ck->files[k].name, fn) == 0) break;
+        if (k == ck->nfiles) {
+            char *pp = tps_path_join(ck->dir, fn);
+            int there = pp && tps_exists(pp);
+            free(pp);
+            TPS_FAIL_IF(!there, ctx, TPS_E_INDEX, "%s: part '%s' (holding '%s') is missing", ipath, fn,
+                        e->string);
+            size_t fi;
+            TPS_CHECK(add_file(ctx, ck, fn, &fi));
+            TPS_CHECK(add_file_tensors(ctx, ck, fi));
+        }
+    }
+    TPS_FAIL_IF(ck->nfiles == 0, ctx, TPS_E_INDEX, "%s: weight_map is empty", ipath);
+    TPS_CHECK(sort_and_dedup(ctx, ck));
+    /* Every tensor in the file the map names, and nothing unmapped. */
+    for (size_t i = 0; i < ck->n; i++) {
+        const cJSON *e = cJSON_GetObjectItemCaseSensitive(wm, ck->t[i].name);
+        TPS_FAIL_IF(!e, ctx, TPS_E_INDEX, "%s: tensor '%s' is in %s but not in the index's weight_map",
+                    ipath, ck->t[i].name, ck->t[i].origin);
+        TPS_FAIL_IF(strcmp(e->valuestring, ck->t[i].origin) != 0, ctx, TPS_E_INDEX,
+                    "%s: tensor '%s' is in %s but the index puts it in %s (tensor in wrong part)",
+                    ipath, ck->t[i].name, ck->t[i].origin, e->valuestring);
+    }
+    if ((size_t)cJSON_GetArraySize(wm) != ck->n) {
+        for (const cJSON *e = wm->child; e; e = e->next)
+            TPS_FAIL_IF(tps_ckpt_find(ck, e->string) < 0, ctx, TPS_E_INDEX,
+                        "%s: tensor '%s' is mapped to %s but that file does not hold it", ipath,
+                        e->string, e->valuestring);
+    }
+    const cJSON *ts = cJSON_IsObject(meta) ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
+    if (cJSON_IsNumber(ts)) {
+        uint64_t sum = 0;
+        for (size_t i = 0; i < ck->n; i++) sum += ck->t[i].nbytes;
+        if ((double)sum != ts->valuedouble)
+            tps_log(ctx, TPS_LOG_WARN, "%s: metadata.total_size is %.0f but the tensors hold %llu bytes",
+                    ipath, ts->valuedouble, (unsigned long long)sum);
+    }
+out:
+    free(mapped_file);
+    cJSON_Delete(idx);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ sharded dirs */
+
+static int json_u64(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 9007199254740992.0 ||
+        v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return 0;
+    *out = (uint64_t)v->valuedouble;
+    return 1;
+}
+
+static int json_shape(const cJSON *a, uint64_t *shape, int *ndim)
+{
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > TPS_MAX_DIMS) return 0;
+    int n = 0;
+    for (const cJSON *d = a->child; d; d = d->next)
+        if (!json_u64(d, &shape[n++])) return 0;
+    *ndim = n;
+    return 1;
+}
+
+static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    tps_err rc = TPS_OK;
+    TPS_CHECK(load_json_file(ctx, mpath, &ck->manifest));
+    const cJSON *m = ck->manifest;
+    TPS_FAIL_IF(!cJSON_IsObject(m), ctx, TPS_E_JSON, "%s: not a JSON object", mpath);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
+    TPS_FAIL_IF(!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "tpshard"), ctx, TPS_E_JSON,
+                "%s: not a tpshard manifest (format is not \"tpshard\")", mpath);
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(m, "version");
+    TPS_FAIL_IF(!cJSON_IsNumber(ver) || ver->valueint != TPS_MANIFEST_FORMAT, ctx, TPS_E_JSON,
+                "%s: manifest version is not %d", mpath, TPS_MANIFEST_FORMAT);
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
+    TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
+                TPS_E_JSON, "%s: tp is missing or out of range", mpath);
+    ck->tp = tp->valueint;
+    ck->rank_present = tps_xcalloc((size_t)ck->tp, 1);
+    ck->rank_written = tps_xcalloc((size_t)ck->tp, 1);
+    TPS_FAIL_IF(!ck->rank_present || !ck->rank_written, ctx, TPS_E_NOMEM, "out of memory");
+    const cJSON *plan = cJSON_GetObjectItemCaseSensitive(m, "plan");
+    const cJSON *pname = cJSON_GetObjectItemCaseSensitive(plan, "name");
+    if (cJSON_IsString(pname)) ck->plan_name = tps_strdup(pname->valuestring);
+    const cJSON *written = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
+    TPS_FAIL_IF(!cJSON_IsArray(written), ctx, TPS_E_JSON, "%s: ranks_written is not an array", mpath);
+    for (const cJSON *r = written->child; r; r = r->next) {
+        TPS_FAIL_IF(!cJSON_IsNumber(r) || r->valueint < 0 || r->valueint >= ck->tp, ctx, TPS_E_JSON,
+                    "%s: ranks_written holds a rank outside 0..%d", mpath, ck->tp - 1);
+        ck->rank_written[r->valueint] = 1;
+    }
+    /* Source description for merge. */
+    const cJSON *src = cJSON_GetObjectItemCaseSensitive(m, "source");
+    const cJSON *sfiles = cJSON_GetObjectItemCaseSensitive(src, "files");
+    TPS_FAIL_IF(!cJSON_IsArray(sfiles), ctx, TPS_E_JSON, "%s: source.files is not an array", mpath);
+    ck->norigins = (size_t)cJSON_GetArraySize(sfiles);
+    ck->origins = tps_xcalloc(ck->norigins, sizeof(char *));
+    ck->origin_meta = cJSON_CreateObject();
+    TPS_FAIL_IF(!ck->origins || !ck->origin_meta, ctx, TPS_E_NOMEM, "out of memory");
+    size_t oi = 0;
+    for (const cJSON *f = sfiles->child; f; f = f->next, oi++) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        TPS_FAIL_IF(!cJSON_IsString(nm) || !plain_name(nm->valuestring), ctx, TPS_E_JSON,
+                    "%s: source.files[%zu].name is not a plain file name", mpath, oi);
+        ck->origins[oi] = tps_strdup(nm->valuestring);
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(f, "metadata");
+        if (cJSON_IsObject(md))
+            cJSON_AddItemToObject(ck->origin_meta, nm->valuestring, cJSON_Duplicate(md, 1));
+    }
+    const cJSON *iname = cJSON_GetObjectItemCaseSensitive(src, "index");
+    if (cJSON_IsString(iname)) {
+        TPS_FAIL_IF(!plain_name(iname->valuestring), ctx, TPS_E_JSON,
+                    "%s: source.index is not a plain file name", mpath);
+        ck->index_name = tps_strdup(iname->valuestring);
+    }
+    const cJSON *imeta = cJSON_GetObjectItemCaseSensitive(src, "index_metadata");
+    if (cJSON_IsObject(imeta)) ck->index_meta = cJSON_Duplicate(imeta, 1);
+
+    /* Rank files: open those that exist. */
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
+    TPS_FAIL_IF(!cJSON_IsArray(files), ctx, TPS_E_JSON, "%s: files is not an array", mpath);
+    for (const cJSON *f = files->child; f; f = f->next) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(f, "rank");
+        TPS_FAIL_IF(!cJSON_IsString(nm) || !plain_name(nm->valuestring) || !cJSON_IsNumber(rk) ||
+                        rk->valueint < 0 || rk->valueint >= ck->tp,
+                    ctx, TPS_E_JSON, "%s: files[] entry needs a plain name and a rank < tp", mpath);
+        char *p = tps_path_join(ck->dir, nm->valuestring);
+        int there = p && tps_exists(p);
+        free(p);
+        if (!there) {
+            TPS_FAIL_IF(ck->rank_written[rk->valueint], ctx, TPS_E_MISMATCH,
+                        "%s: rank %d's file %s is missing", ck->dir, rk->valueint, nm->valuestring);
+            continue;
+        }
+        size_t fi;
+        TPS_CHECK(add_file(ctx, ck, nm->valuestring, &fi));
+        ck->files[fi].rank = rk->valueint;
+        ck->rank_present[rk->valueint] = 1;
+    }
+    /* Tensors. */
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
+    size_t nt = (size_t)cJSON_GetArraySize(ts);
+    TPS_CHECK(grow_tensors(ctx, ck, nt));
+    for (const cJSON *e = ts->child; e; e = e->next) {
+        tps_ctensor *t = &ck->t[ck->n++];
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+        const cJSON *pl = cJSON_GetObjectItemCaseSensitive(e, "placement");
+        const cJSON *dm = cJSON_GetObjectItemCaseSensitive(e, "dim");
+        const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "source_file");
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+        TPS_FAIL_IF(!cJSON_IsString(nm), ctx, TPS_E_JSON, "%s: a tensor entry has no name", mpath);
+        t->name = tps_strdup(nm->valuestring);
+        TPS_FAIL_IF(!cJSON_IsString(dt) || tps_dtype_from_name(dt->valuestring, &t->dtype), ctx,
+                    TPS_E_JSON, "%s: tensor '%s': bad dtype", mpath, t->name);
+        TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), t->shape, &t->ndim),
+                    ctx, TPS_E_JSON, "%s: tensor '%s': bad shape", mpath, t->name);
+        TPS_FAIL_IF(!cJSON_IsNumber(dm) || dm->valueint < -1 || dm->valueint >= t->ndim, ctx,
+                    TPS_E_JSON, "%s: tensor '%s': bad dim", mpath, t->name);
+        t->dim = dm->valueint;
+        t->placement = tps_strdup(cJSON_IsString(pl) ? pl->valuestring : "?");
+        t->origin = tps_strdup(cJSON_IsString(sf) ? sf->valuestring : "model.safetensors");
+        int ovf, mis;
+        t->nbytes = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
+        TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: tensor '%s': bad size", mpath, t->name);
+        TPS_FAIL_IF(!cJSON_IsArray(rs) || cJSON_GetArraySize(rs) != ck->tp, ctx, TPS_E_JSON,
+                    "%s: tensor '%s': ranks must list all %d ranks", mpath, t->name, ck->tp);
+        t->pieces = tps_xcalloc((size_t)ck->tp, sizeof *t->pieces);
+        TPS_FAIL_IF(!t->name || !t->pieces || !t->origin || !t->placement, ctx, TPS_E_NOMEM,
+                    "out of memory");
+        uint64_t expect_lo = 0;
+        for (const cJSON *r = rs->child; r; r = r->next) {
+            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(r, "file");
+            const cJSON *off = cJSON_GetObjectItemCaseSensitive(r, "offset");
+            const cJSON *crc = cJSON_GetObjectItemCaseSensitive(r, "crc32");
+            uint64_t lshape[TPS_MAX_DIMS];
+            int lnd = 0;
+            uint64_t lo = 0;
+            TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->tp ||
+                            !cJSON_IsString(fn) ||
+                            !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
+                            lnd != t->ndim || !json_u64(off, &lo),
+                        ctx, TPS_E_JSON, "%s: tensor '%s': malformed ranks[] entry", mpath, t->name);
+            int rank = rr->valueint;
+            /* Local shape must be the global one but along dim. */
+            for (int d = 0; d < t->ndim; d++)
+                TPS_FAIL_IF(d != t->dim && lshape[d] != t->shape[d], ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': rank %d's shape disagrees with the global shape",
+                            mpath, t->name, rank);
+            if (t->dim >= 0) {
+                TPS_FAIL_IF(lo != expect_lo, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': rank %d starts at %llu along dim %d, expected %llu "
+                            "(shards must cover the dim exactly once, in rank order)",
+                            mpath, t->name, rank, (unsigned long long)lo, t->dim,
+                            (unsigned long long)expect_lo);
+                expect_lo += lshape[t->dim];
+            }
+            if (!ck->rank_present[rank]) continue;
+            /* Find the rank file holding it. */
+            size_t fi;
+            for (fi = 0; fi < ck->nfiles; fi++)
+                if (ck->files[fi].rank == rank && strcmp(ck->files[fi].name, fn->valuestring) == 0) break;
+            TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': rank %d's file %s is not among the rank files", mpath,
+                        t->name, rank, fn->valuestring);
+            const tps_st *st = ck->files[fi].st;
+            size_t k;
+            for (k = 0; k < st->n; k++)
+                if (strcmp(st->t[k].name, t->name) == 0) break;
+            TPS_FAIL_IF(k == st->n, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
+                        ck->files[fi].path, t->name);
+            const tps_st_tensor_info *si = &st->t[k];
+            TPS_FAIL_IF(si->dtype != t->dtype, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s' is %s but the manifest says %s", ck->files[fi].path,
+                        t->name, tps_dtype_name(si->dtype), tps_dtype_name(t->dtype));
+            int same = si->ndim == lnd;
+            for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
+            TPS_FAIL_IF(!same, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s' has a shape other than the manifest's for rank %d",
+                        ck->files[fi].path, t->name, rank);
+            tps_piece *pc = &t->pieces[t->npieces++];
+            pc->file = (int)fi;
+            pc->rank = rank;
+            pc->off = st->data_start + si->begin;
+            pc->nbytes = si->end - si->begin;
+            pc->lo = lo;
+            pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
+            uint64_t c;
+            if (json_u64(crc, &c) && c <= 0xFFFFFFFFu) {
+                pc->crc = (uint32_t)c;
+                pc->has_crc = 1;
+            }
+        }
+        if (t->dim >= 0)
+            TPS_FAIL_IF(expect_lo != t->shape[t->dim], ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': shards cover %llu of %llu along dim %d", mpath, t->name,
+                        (unsigned long long)expect_lo, (unsigned long long)t->shape[t->dim], t->dim);
+    }
+    TPS_CHECK(sort_and_dedup(ctx, ck));
+    /* A rank file must hold nothing the manifest does not know. */
+    for (size_t fi = 0; fi < ck->nfiles; fi++) {
+        const tps_st *st = ck->files[fi].st;
+        for (size_t k = 0; k < st->n; k++)
+            TPS_FAIL_IF(tps_ckpt_find(ck, st->t[k].name) < 0, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s' is not in the manifest", ck->files[fi].path, st->t[k].name);
+    }
+out:
+    return rc;
+}
+
+/* ------------------------------------------------------------------ open */
+
+tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
+{
+    *out = NULL;
+    tps_err rc = TPS_OK;
+    tps_ckpt *ck = tps_xcalloc(1, sizeof *ck);
+    char *tmp = NULL, *p = NULL;
+    if (!ck) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    struct stat sb;
+    TPS_FAIL_IF(stat(path, &sb) != 0, ctx, TPS_E_IO, "%s: %s", path, strerror(errno));
+    ck->path = tps_strdup(path);
+    if (S_ISDIR(sb.st_mode)) {
+        ck->dir = tps_strdup(path);
+        tmp = tps_strdup(path);
+        size_t l = strlen(tmp);
+        while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
+        ck->stem = tps_strdup(basename(tmp));
+        if ((p = tps_path_join(path, TPS_MANIFEST)) && tps_exists(p)) {
+            ck->kind = TPS_SRC_SHARDED;
+            TPS_CHECK(open_sharded(ctx, ck, p));
+        } else if ((free(p), p = tps_path_join(path, "model.safetensors.index.json")) && tps_exists(p)) {
+            ck->kind = TPS_SRC_INDEX;
+            ck->index_name = tps_strdup("model.safetensors.index.json");
+            TPS_CHECK(open_index(ctx, ck, p));
+        } else if ((free(p), p = tps_path_join(path, "model.safetensors")) && tps_exists(p)) {
+            ck->kind = TPS_SRC_DIR;
+            size_t fi;
+            TPS_CHECK(add_file(ctx, ck, "model.safetensors", &fi));
+            TPS_CHECK(add_file_tensors(ctx, ck, fi));
+            TPS_CHECK(sort_and_dedup(ctx, ck));
+        } else {
+            TPS_FAIL_IF(1, ctx, TPS_E_IO,
+                        "%s: no model.safetensors, model.safetensors.index.json or %s in this "
+                        "directory",
+                        path, TPS_MANIFEST);
+        }
+    } else if (S_ISREG(sb.st_mode)) {
+        ck->kind = TPS_SRC_FILE;
+        tmp = tps_strdup(path);
+        ck->dir = tps_strdup(dirname(tmp));
+        free(tmp);
+        tmp = tps_strdup(path);
+        char *base = basename(tmp);
+        size_t bl = strlen(base);
+        if (bl > 12 && strcmp(base + bl - 12, ".safetensors") == 0) base[bl - 12] = 0;
+        ck->stem = tps_strdup(base);
+        free(tmp);
+        tmp = tps_strdup(path);
+        size_t fi;
+        TPS_CHECK(add_file(ctx, ck, basename(tmp), &fi));
+        TPS_CHECK(add_file_tensors(ctx, ck, fi));
+        TPS_CHECK(sort_and_dedup(ctx, ck));
+    } else {
+        TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: not a file or directory", path);
+    }
+    if (ck->kind != TPS_SRC_SHARDED) {
+        ck->norigins = ck->nfiles;
+        ck->origins = tps_xcalloc(ck->nfiles, sizeof(char *));
+        ck->origin_meta = cJSON_CreateObject();
+        TPS_FAIL_IF(!ck->origins || !ck->origin_meta, ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t i = 0; i < ck->nfiles; i++) {
+            ck->origins[i] = tps_strdup(ck->files[i].name);
+            cJSON *md = cJSON_CreateObject();
+            for (size_t k = 0; k < ck->files[i].st->nmeta; k++)
+                cJSON_AddStringToObject(md, ck->files[i].st->mkeys[k], ck->files[i].st->mvals[k]);
+            cJSON_AddItemToObject(ck->origin_meta, ck->files[i].name, md);
+        }
+    }
+    TPS_CHECK(load_config(ctx, ck));
+out:
+    free(tmp);
+    free(p);
+    if (rc) {
+        tps_ckpt_free(ck);
+        ck = NULL;
+    }
+    *out = ck;
+    return rc;
+}
+
+/* ------------------------------------------------------------------ accessors */
+
+tps_src_kind tps_ckpt_kind(const tps_ckpt *ck) { return ck->kind; }
+const char *tps_ckpt_path(const tps_ckpt *ck) { return ck->path; }
+const char *tps_ckpt_dir(const tps_ckpt *ck) { return ck->dir; }
+const char *tps_ckpt_stem(const tps_ckpt *ck) { return ck->stem; }
+size_t tps_ckpt_count(const tps_ckpt *ck) { return ck->n; }
+size_t tps_ckpt_file_count(const tps_ckpt *ck) { return ck->nfiles; }
+const char *tps_ckpt_file(const tps_ckpt *ck, size_t i) { return ck->files[i].name; }
+int tps_ckpt_has_config(const tps_ckpt *ck) { return ck->config != NULL; }
+
+void tps_ckpt_tensor(const tps_ckpt *ck, size_t i, tps_tensor_view *v)
+{
+    const tps_ctensor *t = &ck->t[i];
+    v->name = t->name;
+    v->dtype = t->dtype;
+    v->ndim = t->ndim;
+    v->shape = t->shape;
+    v->nbytes = t->nbytes;
+    v->file = t->npieces ? ck->files[t->pieces[0].file].name : "";
+    v->offset = t->npieces ? t->pieces[0].off - ck->files[t->pieces[0].file].st->data_start : 0;
+}
+
+int tps_ckpt_find(const tps_ckpt *ck, const char *name)
+{
+    size_t lo = 0, hi = ck->n;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(ck->t[mid].name, name);
+        if (c == 0) return (int)mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return -1;
+}
+
+uint64_t tps_ckpt_total_bytes(const tps_ckpt *ck)
+{
+    uint64_t s = 0;
+    for (size_t i = 0; i < ck->n; i++) s += ck->t[i].nbytes;
+    return s;
+}
+
+int tps_ckpt_piece_of_rank(const tps_ckpt *ck, size_t i, int rank)
+{
+    const tps_ctensor *t = &ck->t[i];
+    for (int p = 0; p < t->npieces; p++)
+        if (t->pieces[p].rank == rank) return p;
+    return -1;
+}
+
+/* ------------------------------------------------------------------ reads */
+
+tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
+                            void *buf, size_t len)
+{
+    const tps_ctensor *t = &ck->t[i];
+    if (piece < 0 || piece >= t->npieces || off + len > t->pieces[piece].nbytes || off + len < off)
+        return tps_fail(ctx, TPS_E_ARG, "tensor '%s': read outside piece %d", t->name, piece);
+    const tps_piece *p = &t->pieces[piece];
+    const tps_cfile *f = &ck->files[p->file];
+    return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
+}
+
+tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, void *buf, size_t len)
+{
+    const tps_ctensor *t = &ck->t[i];
+    if (off + len > t->nbytes || off + len < off)
+        return tps_fail(ctx, TPS_E_ARG, "tensor '%s': read past its end", t->name);
+    if (len == 0) return TPS_OK;
+    if (t->npieces == 0)
+        return tps_fail(ctx, TPS_E_MISMATCH, "%s: tensor '%s': no rank file holding it is present",
+                        ck->path, t->name);
+    if (t->dim < 0) return tps_ckpt_read_piece(ctx, ck, i, 0, off, buf, len);
+    /* Pieces concatenated along dim: view as [outer, shape[dim], inner]. */
+    uint64_t inner_bits = tps_dtype_bits(t->dtype);
+    for (int d = t->dim + 1; d < t->ndim; d++) inner_bits *= t->shape[d];
+    uint64_t row = t->shape[t->dim] * inner_bits / 8;
+    char *out = buf;
+    while (len) {
+        uint64_t o = off / row, w = off % row;
+        int p;
+        uint64_t plo = 0, phi = 0;
+        for (p = 0; p < t->npieces; p++) {
+            plo = t->pieces[p].lo * inner_bits / 8;
+            phi = t->pieces[p].hi * inner_bits / 8;
+            if (w >= plo && w < phi) break;
+        }
+        if (p == t->npieces)
+            return tps_fail(ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': the rank holding rows at byte %llu is not present",
+                            ck->path, t->name, (unsigned long long)off);
+        uint64_t run = phi - w;
+        if (run > len) run = len;
+        TPS_TRY(tps_ckpt_read_piece(ctx, ck, i, p, o * (phi - plo) + (w - plo), out, (size_t)run));
+        out += run;
+        off += run;
+        len -= (size_t)run;
+    }
+    return TPS_OK;
+}
+
+tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
+{
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        struct stat sb;
+        if (fstat(ck->files[i].fd, &sb) != 0 || (uint64_t)sb.st_size != ck->files[i].size)
+            return tps_fail(ctx, TPS_E_FORMAT,
+                            "%s: the file changed size while being read (was %llu bytes, now %lld)",
+                            ck->files[i].path, (unsigned long long)ck->files[i].size,
+                            (long long)sb.st_size);
+    }
+    return TPS_OK;
+}
+
+tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir)
+{
+    for (const char *const *a = aux_files; *a; a++) {
+        char *src = tps_path_join(ck->dir, *a), *dst = tps_path_join(out_dir, *a);
+        tps_err rc = TPS_OK;
+        if (!src || !dst) rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        else if (tps_exists(src)) rc = tps_copy_file_atomic(ctx, src, dst);
+        free(src);
+        free(dst);
+        if (rc) return rc;
+    }
+    return TPS_OK;
+}
+
+/* ------------------------------------------------------------------ config summary */
+
+static void add_field(cJSON *o, const cJSON *config, const char *field)
+{
+    const cJSON *v = tps_config_get(config, field);
+    cJSON_AddItemToObject(o, field, v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
+}
+
+tps_err tps_ckpt_config_summary(tps_ctx *ctx, const tps_ckpt *ck, char **json_out)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    if (ck->config) {
+        const cJSON *arch = cJSON_GetObjectItemCaseSensitive(ck->config, "architectures");
+        cJSON_AddItemToObject(o, "architectures",
+                              arch ? cJSON_Duplicate(arch, 1) : cJSON_CreateNull());
+        static const char *const fields[] = {
+            "model_type", "num_attention_heads", "num_key_value_heads",
+            "num_global_key_value_heads", "head_dim", "hidden_size", "intermediate_size",
+            "vocab_size", "num_hidden_layers", "tie_word_embeddings",
+            "hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block",
+            "torch_dtype", NULL};
+        for (const char *const *f = fields; *f; f++) add_field(o, ck->config, *f);
+    }
+    *json_out = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return *json_out ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+}
+
+int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size_t len)
+{
+    const cJSON *v = tps_config_get(ck->config, field);
+    if (!v) return -1;
+    char *t = cJSON_PrintUnformatted(v);
+    if (!t) return -1;
+    snprintf(buf, len, "%s", t);
+    free(t);
+    return 0;
+}

@@ -1,0 +1,131 @@
+/* dtype.c - the safetensors dtype table and exact conversions to f32. */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Order is the safetensors enum order, which is also increasing alignment. */
+static const struct {
+    const char *name;
+    unsigned bits;
+    int is_float;
+} dtypes[TPS_DTYPE_COUNT_] = {
+    [TPS_BOOL] = {"BOOL", 8, 0},           [TPS_F4] = {"F4", 4, 0},
+    [TPS_F6_E2M3] = {"F6_E2M3", 6, 0},     [TPS_F6_E3M2] = {"F6_E3M2", 6, 0},
+    [TPS_U8] = {"U8", 8, 0},               [TPS_I8] = {"I8", 8, 0},
+    [TPS_F8_E5M2] = {"F8_E5M2", 8, 1},     [TPS_F8_E4M3] = {"F8_E4M3", 8, 1},
+    [TPS_F8_E8M0] = {"F8_E8M0", 8, 1},     [TPS_F8_E4M3FNUZ] = {"F8_E4M3FNUZ", 8, 1},
+    [TPS_F8_E5M2FNUZ] = {"F8_E5M2FNUZ", 8, 1},
+    [TPS_I16] = {"I16", 16, 0},            [TPS_U16] = {"U16", 16, 0},
+    [TPS_F16] = {"F16", 16, 1},            [TPS_BF16] = {"BF16", 16, 1},
+    [TPS_I32] = {"I32", 32, 0},            [TPS_U32] = {"U32", 32, 0},
+    [TPS_F32] = {"F32", 32, 1},            [TPS_C64] = {"C64", 64, 0},
+    [TPS_F64] = {"F64", 64, 1},            [TPS_I64] = {"I64", 64, 0},
+    [TPS_U64] = {"U64", 64, 0},
+};
+
+const char *tps_dtype_name(tps_dtype d)
+{
+    return (unsigned)d < TPS_DTYPE_COUNT_ ? dtypes[d].name : "?";
+}
+
+int tps_dtype_from_name(const char *name, tps_dtype *out)
+{
+    for (int i = 0; i < TPS_DTYPE_COUNT_; i++)
+        if (strcmp(dtypes[i].name, name) == 0) {
+            *out = (tps_dtype)i;
+            return 0;
+        }
+    return -1;
+}
+
+unsigned tps_dtype_bits(tps_dtype d) { return (unsigned)d < TPS_DTYPE_COUNT_ ? dtypes[d].bits : 0; }
+
+int tps_dtype_is_float(tps_dtype d) { return (unsigned)d < TPS_DTYPE_COUNT_ && dtypes[d].is_float; }
+
+static float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float half_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1F, man = h & 0x3FF;
+    if (exp == 0) {
+        float v = ldexpf((float)man, -24);
+        return sign ? -v : v;
+    }
+    if (exp == 31) return f32_from_bits(sign | 0x7F800000u | (man << 13));
+    return f32_from_bits(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+/* Generic minifloat decoder for the 8-bit formats. */
+static float f8_decode(uint8_t b, int ebits, int mbits, int bias, int fnuz, int has_inf)
+{
+    if (fnuz && b == 0x80) return NAN;
+    int sign = b >> 7;
+    int e = (b >> mbits) & ((1 << ebits) - 1);
+    int m = b & ((1 << mbits) - 1);
+    if (!fnuz && has_inf && e == (1 << ebits) - 1) return m ? NAN : (sign ? -INFINITY : INFINITY);
+    if (!fnuz && !has_inf && e == (1 << ebits) - 1 && m == (1 << mbits) - 1) return NAN; /* E4M3FN */
+    float v = e ? ldexpf(1.0f + (float)m / (float)(1 << mbits), e - bias)
+                : ldexpf((float)m / (float)(1 << mbits), 1 - bias);
+    return sign ? -v : v;
+}
+
+static float lut[5][256];
+static int lut_ready;
+
+static void lut_init(void)
+{
+    /* Benign race: every thread computes identical tables. */
+    for (int i = 0; i < 256; i++) {
+        lut[0][i] = f8_decode((uint8_t)i, 5, 2, 15, 0, 1); /* E5M2 */
+        lut[1][i] = f8_decode((uint8_t)i, 4, 3, 7, 0, 0);  /* E4M3 (FN) */
+        lut[2][i] = i == 255 ? NAN : ldexpf(1.0f, i - 127); /* E8M0 */
+        lut[3][i] = f8_decode((uint8_t)i, 4, 3, 8, 1, 0);  /* E4M3FNUZ */
+        lut[4][i] = f8_decode((uint8_t)i, 5, 2, 16, 1, 0); /* E5M2FNUZ */
+    }
+    __atomic_store_n(&lut_ready, 1, __ATOMIC_RELEASE);
+}
+
+int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n)
+{
+    const unsigned char *s = src;
+    int t = -1;
+    switch (d) {
+    case TPS_F32: memcpy(dst, s, n * 4); return 0;
+    case TPS_BF16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = f32_from_bits((uint32_t)h << 16);
+        }
+        return 0;
+    case TPS_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, s + 2 * i, 2);
+            dst[i] = half_to_f32(h);
+        }
+        return 0;
+    case TPS_F64:
+        for (size_t i = 0; i < n; i++) {
+            double v;
+            memcpy(&v, s + 8 * i, 8);
+            dst[i] = (float)v;
+        }
+        return 0;
+    case TPS_F8_E5M2: t = 0; break;
+    case TPS_F8_E4M3: t = 1; break;
+    case TPS_F8_E8M0: t = 2; break;
+    case TPS_F8_E4M3FNUZ: t = 3; break;
+    case TPS_F8_E5M2FNUZ: t = 4; break;
+    default: return -1;
+    }
+    if (!__atomic_load_n(&lut_ready, __ATOMIC_ACQUIRE)) lut_init();
+    for (size_t i = 0; i < n; i++) dst[i] = lut[t][s[i]];
+    return 0;
+}

@@ -1,0 +1,697 @@
+/* split.c - the copy engine: writes every rank's local tensors, streaming
+ * from the source with bounded memory, and the manifest last.
+ *
+ * The whole output is laid out before the first byte is written, so every
+ * (tensor, rank) slot has a known file and offset; work is then a flat list
+ * of tasks that any thread can run with pread/pwrite, and CRC32s of the
+ * pieces a tensor was cut into are joined with crc32_combine. */
+#include "internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <zlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define CHUNK (4u << 20) /* bytes a task moves; two buffers of it per thread */
+
+typedef struct {
+    int rank, part;
+    char *final, *tmp;
+    int fd;
+    char *hdr;
+    size_t hdr_len;
+    uint64_t size;
+} ofile;
+
+typedef struct {
+    int file;        /* index into files, -1 when the rank is not written */
+    uint64_t off;    /* absolute offset in that file */
+    uint64_t nbytes;
+    uint32_t crc;
+} oslot;
+
+typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1 } task_kind;
+
+typedef struct {
+    size_t t;
+    task_kind kind;
+    int rank;        /* CONTIG: the rank, or -1 = every written rank (replicated) */
+    uint64_t a, b;   /* CONTIG: logical byte range; ROWS: outer rows [a, b) */
+    uint64_t dst;    /* CONTIG: offset inside the slot */
+    int full_rows;   /* ROWS: read whole rows once (else each rank's slices) */
+    size_t crc0;     /* index of its first CRC in the pool (ROWS: tp of them) */
+} task;
+
+typedef struct {
+    tps_ctx *ctx;
+    const tps_ckpt *ck;
+    const tps_layout *L;
+    const unsigned char *write;
+    int tp;
+    ofile *files;
+    size_t nfiles;
+    oslot *slots;    /* [tensor * tp + rank] */
+    task *tasks;
+    size_t ntasks, cap;
+    uint32_t *crcs;
+    uint64_t *crclen;
+    size_t ncrc;
+    uint64_t total, done;
+    volatile int failed;
+    tps_err err;
+} engine;
+
+static oslot *slot(engine *E, size_t t, int r) { return &E->slots[t * (size_t)E->tp + (size_t)r]; }
+
+static tps_err add_task(engine *E, task tk, size_t ncrc)
+{
+    if (E->ntasks == E->cap) {
+        size_t cap = E->cap ? E->cap * 2 : 1024;
+        task *nt = realloc(E->tasks, cap * sizeof *nt);
+        if (!nt) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+        E->tasks = nt;
+        E->cap = cap;
+    }
+    tk.crc0 = E->ncrc;
+    E->ncrc += ncrc;
+    E->tasks[E->ntasks++] = tk;
+    return TPS_OK;
+}
+
+/* Geometry of tensor t cut along dim d: [outer, n, inner] with a row of
+ * `row` bytes and each rank's slice of a row being [s_r, s_r + l_r) in bytes. */
+typedef struct {
+    uint64_t outer, row, s[4096], l[4096];
+} geom;
+
+static void geometry(const engine *E, size_t ti, geom *g)
+{
+    const tps_ctensor *t = &E->ck->t[ti];
+    int d = E->L->p[ti].dim;
+    uint64_t inner_bits = tps_dtype_bits(t->dtype);
+    for (int k = d + 1; k < t->ndim; k++) inner_bits *= t->shape[k];
+    g->outer = 1;
+    for (int k = 0; k < d; k++) g->outer *= t->shape[k];
+    g->row = t->shape[d] * inner_bits / 8;
+    for (int r = 0; r < E->tp; r++) {
+        uint64_t s, l;
+        tps_chunk(t->shape[d], E->tp, r, &s, &l);
+        g->s[r] = s * inner_bits / 8;
+        g->l[r] = l * inner_bits / 8;
+    }
+}
+
+static tps_err plan_tasks(engine *E)
+{
+    static geom g; /* large; the planning runs once, single-threaded */
+    for (size_t ti = 0; ti < E->ck->n; ti++) {
+        const tps_ctensor *t = &E->ck->t[ti];
+        int d = E->L->p[ti].dim;
+        if (d < 0) {
+            for (uint64_t a = 0; a < t->nbytes; a += CHUNK) {
+                uint64_t b = a + CHUNK < t->nbytes ? a + CHUNK : t->nbytes;
+                TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = -1, .a = a, .b = b,
+                                           .dst = a}, 1));
+                E->total += b - a;
+            }
+            continue;
+        }
+        geometry(E, ti, &g);
+        if (g.outer == 1 || g.row > CHUNK) {
+            /* Each rank's bytes are one contiguous run per outer row. */
+            for (int r = 0; r < E->tp; r++) {
+                if (!E->write[r]) continue;
+                for (uint64_t o = 0; o < g.outer; o++)
+                    for (uint64_t a = 0; a < g.l[r]; a += CHUNK) {
+                        uint64_t len = g.l[r] - a < CHUNK ? g.l[r] - a : CHUNK;
+                        uint64_t src = o * g.row + g.s[r] + a;
+                        TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = r, .a = src,
+                                                   .b = src + len, .dst = o * g.l[r] + a}, 1));
+                        E->total += len;
+                    }
+            }
+            continue;
+        }
+        /* Strided: blocks of whole rows, scattered to every written rank. */
+        uint64_t want = 0;
+        for (int r = 0; r < E->tp; r++)
+            if (E->write[r]) want += g.l[r];
+        int full = want * 4 >= g.row; /* reading whole rows wastes little */
+        uint64_t rows = CHUNK / g.row;
+        if (rows == 0) rows = 1;
+        for (uint64_t a = 0; a < g.outer; a += rows) {
+            uint64_t b = a + rows < g.outer ? a + rows : g.outer;
+            TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_ROWS, .rank = -1, .a = a, .b = b,
+                                       .full_rows = full}, (size_t)E->tp));
+            E->total += (b - a) * (full ? g.row : want);
+        }
+    }
+    E->crcs = tps_xcalloc(E->ncrc, sizeof *E->crcs);
+    E->crclen = tps_xcalloc(E->ncrc, sizeof *E->crclen);
+    if (!E->crcs || !E->crclen) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    return TPS_OK;
+}
+
+static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len, uint64_t dst)
+{
+    oslot *s = slot(E, ti, r);
+    ofile *f = &E->files[s->file];
+    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
+}
+
+static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
+{
+    tps_ctx *ctx = E->ctx;
+    const tps_ckpt *ck = E->ck;
+    if (tk->kind == TASK_CONTIG) {
+        size_t len = (size_t)(tk->b - tk->a);
+        TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a, in, len));
+        E->crcs[tk->crc0] = (uint32_t)crc32_z(0, (const Bytef *)in, len);
+        E->crclen[tk->crc0] = len;
+        if (tk->rank >= 0) return write_to(E, tk->t, tk->rank, in, len, tk->dst);
+        for (int r = 0; r < E->tp; r++)
+            if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, in, len, tk->dst));
+        return TPS_OK;
+    }
+    geometry(E, tk->t, g);
+    uint64_t nrows = tk->b - tk->a;
+    if (tk->full_rows) TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a * g->row, in, (size_t)(nrows * g->row)));
+    for (int r = 0; r < E->tp; r++) {
+        if (!E->write[r] || g->l[r] == 0) continue;
+        size_t n = 0;
+        for (uint64_t o = 0; o < nrows; o++) {
+            if (tk->full_rows)
+                memcpy(out + n, in + o * g->row + g->s[r], (size_t)g->l[r]);
+            else
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, (tk->a + o) * g->row + g->s[r], out + n,
+                                      (size_t)g->l[r]));
+            n += (size_t)g->l[r];
+        }
+        E->crcs[tk->crc0 + (size_t)r] = (uint32_t)crc32_z(0, (const Bytef *)out, n);
+        E->crclen[tk->crc0 + (size_t)r] = n;
+        TPS_TRY(write_to(E, tk->t, r, out, n, tk->a * g->l[r]));
+    }
+    return TPS_OK;
+}
+
+static void run_all(engine *E)
+{
+#pragma omp parallel num_threads(tps_threads(E->ctx))
+    {
+        char *in = tps_xmalloc(CHUNK), *out = tps_xmalloc(CHUNK);
+        geom *g = tps_xmalloc(sizeof *g);
+        if (!in || !out || !g) {
+#pragma omp critical
+            if (!E->failed) {
+                E->err = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory for copy buffers");
+                E->failed = 1;
+            }
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (size_t i = 0; i < E->ntasks; i++) {
+            if (E->failed) continue;
+            if (E->ctx->interrupted) {
+#pragma omp critical
+                if (!E->failed) {
+                    E->err = tps_fail(E->ctx, TPS_E_INTERRUPTED, "interrupted");
+                    E->failed = 1;
+                }
+                continue;
+            }
+            tps_err rc = run_task(E, &E->tasks[i], in, out, g);
+            if (rc) {
+#pragma omp critical
+                if (!E->failed) {
+                    E->err = rc;
+                    E->failed = 1;
+                }
+                continue;
+            }
+            const task *tk = &E->tasks[i];
+            uint64_t moved = tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
+            if (tk->kind == TASK_ROWS)
+                for (int r = 0; r < E->tp; r++) moved += E->crclen[tk->crc0 + (size_t)r];
+            uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
+#ifdef _OPENMP
+            if (omp_get_thread_num() == 0)
+#endif
+                if (E->ctx->progress)
+                    E->ctx->progress(E->ctx->progress_user, done, E->total,
+                                     E->ck->t[tk->t].name);
+        }
+        free(in);
+        free(out);
+        free(g);
+    }
+}
+
+/* Joins the per-task CRCs of every slot in file order. */
+static void combine_crcs(engine *E)
+{
+    for (size_t i = 0; i < E->ck->n * (size_t)E->tp; i++) E->slots[i].crc = 0;
+    for (size_t k = 0; k < E->ntasks; k++) {
+        const task *tk = &E->tasks[k];
+        for (int r = 0; r < E->tp; r++) {
+            if (!E->write[r]) continue;
+            size_t c;
+            if (tk->kind == TASK_CONTIG) {
+                if (tk->rank >= 0 && tk->rank != r) continue;
+                c = tk->crc0;
+            } else {
+                c = tk->crc0 + (size_t)r;
+            }
+            oslot *s = slot(E, tk->t, r);
+            s->crc = (uint32_t)crc32_combine(s->crc, E->crcs[c], (z_off_t)E->crclen[c]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ output layout */
+
+static char *placements_json(const engine *E, int rank, int part, const char *plan)
+{
+    (void)plan;
+    cJSON *o = cJSON_CreateObject();
+    for (size_t ti = 0; ti < E->ck->n; ti++) {
+        const oslot *s = &E->slots[ti * (size_t)E->tp + (size_t)rank];
+        if (E->L->p[ti].dim < 0 || s->file < 0 || E->files[s->file].part != part) continue;
+        const tps_ctensor *t = &E->ck->t[ti];
+        uint64_t st, ln;
+        tps_chunk(t->shape[E->L->p[ti].dim], E->tp, rank, &st, &ln);
+        cJSON *e = cJSON_CreateObject();
+        char pl[32];
+        snprintf(pl, sizeof pl, "Shard(%d)", E->L->p[ti].dim);
+        cJSON_AddStringToObject(e, "placement", pl);
+        cJSON *gs = cJSON_AddArrayToObject(e, "global_shape");
+        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(gs, cJSON_CreateNumber((double)t->shape[d]));
+        cJSON_AddNumberToObject(e, "offset", (double)st);
+        cJSON_AddItemToObject(o, t->name, e);
+    }
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static tps_err build_files(engine *E, const tps_split_opts *o)
+{
+    tps_ctx *ctx = E->ctx;
+    const tps_ckpt *ck = E->ck;
+    size_t n = ck->n;
+    tps_st_entry *ent = tps_xcalloc(n, sizeof *ent);
+    uint64_t(*lshape)[TPS_MAX_DIMS] = tps_xcalloc(n, sizeof *lshape);
+    int *fileof = tps_xcalloc(n, sizeof *fileof);
+    tps_err rc = TPS_OK;
+    TPS_FAIL_IF(!ent || !lshape || !fileof, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < n * (size_t)E->tp; i++) E->slots[i].file = -1;
+    for (int r = 0; r < E->tp; r++) {
+        if (!E->write[r]) continue;
+        /* Local shapes, and the file order to assign parts in. */
+        for (size_t ti = 0; ti < n; ti++) {
+            const tps_ctensor *t = &ck->t[ti];
+            memcpy(lshape[ti], t->shape, sizeof lshape[ti]);
+            int d = E->L->p[ti].dim;
+            if (d >= 0) {
+                uint64_t s;
+                tps_chunk(t->shape[d], E->tp, r, &s, &lshape[ti][d]);
+            }
+            ent[ti] = (tps_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
+                                     .shape = lshape[ti], .nbytes = tps_layout_local_bytes(E->L, ti, r)};
+        }
+        char *h0;
+        size_t h0len;
+        TPS_CHECK(tps_st_build_header(ctx, ent, n, NULL, NULL, 0, &h0, &h0len));
+        free(h0);
+        size_t *ord = tps_xcalloc(n, sizeof *ord);
+        TPS_FAIL_IF(!ord, ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t ti = 0; ti < n; ti++) ord[ent[ti].order] = ti;
+        int part = 0;
+        uint64_t acc = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t ti = ord[k];
+            if (o->max_part_size && acc > 0 && acc + ent[ti].nbytes > o->max_part_size) {
+                part++;
+                acc = 0;
+            }
+            acc += ent[ti].nbytes;
+            fileof[ti] = part;
+        }
+        free(ord);
+        for (int p = 0; p <= part; p++) {
+            /* Entries of this part, header with metadata, slot offsets. */
+            tps_st_entry *pe = tps_xcalloc(n, sizeof *pe);
+            size_t *map = tps_xcalloc(n, sizeof *map);
+            ofile *nf = realloc(E->files, (E->nfiles + 1) * sizeof *nf);
+            if (!pe || !map || !nf) {
+                free(pe);
+                free(map);
+                if (nf) E->files = nf;
+                TPS_FAIL_IF(1, ctx, TPS_E_NOMEM, "out of memory");
+            }
+            E->files = nf;
+            ofile *f = &E->files[E->nfiles];
+            memset(f, 0, sizeof *f);
+            f->fd = -1;
+            f->rank = r;
+            f->part = p;
+            E->nfiles++;
+            size_t m = 0;
+            for (size_t ti = 0; ti < n; ti++)
+                if (fileof[ti] == p) {
+                    map[m] = ti;
+                    pe[m++] = ent[ti];
+                }
+            char rs[16], ts[16], ps[16], np[16];
+            snprintf(rs, sizeof rs, "%d", r);
+            snprintf(ts, sizeof ts, "%d", E->tp);
+            snprintf(ps, sizeof ps, "%d", p);
+            snprintf(np, sizeof np, "%d", part + 1);
+            char *pj;
+            f->final = tps_asprintf("%s/model-rank-%d-part-%d.safetensors", o->out_dir, r, p);
+            f->tmp = f->final ? tps_tmp_name(f->final) : NULL;
+            /* Slots first (placements_json needs them), then the header. */
+            for (size_t k = 0; k < m; k++) {
+                oslot *s = slot(E, map[k], r);
+                s->file = (int)(E->nfiles - 1);
+                s->nbytes = pe[k].nbytes;
+            }
+            pj = placements_json(E, r, p, NULL);
+            const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan", "tool",
+                                "placements"};
+            const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(E->L->plan),
+                                "tpshard " TPS_VERSION_STRING, pj ? pj : "{}"};
+            tps_err hrc = tps_st_build_header(ctx, pe, m, mk, mv, 8, &f->hdr, &f->hdr_len);
+            free(pj);
+            if (!hrc) {
+                f->size = f->hdr_len;
+                for (size_t k = 0; k < m; k++) {
+                    oslot *s = slot(E, map[k], r);
+                    s->off = f->hdr_len + pe[k].offset;
+                    f->size += pe[k].nbytes;
+                }
+            }
+            free(pe);
+            free(map);
+            TPS_FAIL_IF(!f->final || !f->tmp, ctx, TPS_E_NOMEM, "out of memory");
+            TPS_CHECK(hrc);
+        }
+    }
+out:
+    free(ent);
+    free(lshape);
+    free(fileof);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ manifest */
+
+static cJSON *num_arr(const uint64_t *v, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
+    return a;
+}
+
+static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *plan_source)
+{
+    const tps_ckpt *ck = E->ck;
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "format", "tpshard");
+    cJSON_AddNumberToObject(m, "version", TPS_MANIFEST_FORMAT);
+    cJSON_AddStringToObject(m, "tool", "tpshard " TPS_VERSION_STRING);
+    cJSON_AddNumberToObject(m, "tp", E->tp);
+    cJSON *plan = cJSON_AddObjectToObject(m, "plan");
+    cJSON_AddStringToObject(plan, "name", tps_plan_name(E->L->plan));
+    cJSON_AddStringToObject(plan, "source", plan_source);
+    cJSON *src = cJSON_AddObjectToObject(m, "source");
+    static const char *const kinds[] = {"file", "dir", "index", "sharded"};
+    cJSON_AddStringToObject(src, "kind", kinds[ck->kind]);
+    cJSON_AddStringToObject(src, "stem", ck->stem);
+    if (ck->index_name) cJSON_AddStringToObject(src, "index", ck->index_name);
+    if (ck->index_meta) cJSON_AddItemToObject(src, "index_metadata", cJSON_Duplicate(ck->index_meta, 1));
+    cJSON *sf = cJSON_AddArrayToObject(src, "files");
+    for (size_t i = 0; i < ck->norigins; i++) {
+        cJSON *f = cJSON_CreateObject();
+        cJSON_AddStringToObject(f, "name", ck->origins[i]);
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(ck->origin_meta, ck->origins[i]);
+        cJSON_AddItemToObject(f, "metadata", md ? cJSON_Duplicate(md, 1) : cJSON_CreateObject());
+        cJSON_AddItemToArray(sf, f);
+    }
+    cJSON *rw = cJSON_AddArrayToObject(m, "ranks_written");
+    for (int r = 0; r < E->tp; r++)
+        if (E->write[r]) cJSON_AddItemToArray(rw, cJSON_CreateNumber(r));
+    /* Every planned rank file, written or not, so a directory filled by
+     * several --ranks runs can be checked for what is missing. */
+    cJSON *files = cJSON_AddArrayToObject(m, "files");
+    for (size_t i = 0; i < E->nfiles; i++) {
+        cJSON *f = cJSON_CreateObject();
+        const char *b = strrchr(E->files[i].final, '/');
+        cJSON_AddStringToObject(f, "name", b ? b + 1 : E->files[i].final);
+        cJSON_AddNumberToObject(f, "rank", E->files[i].rank);
+        cJSON_AddNumberToObject(f, "part", E->files[i].part);
+        cJSON_AddNumberToObject(f, "bytes", (double)E->files[i].size);
+        cJSON_AddItemToArray(files, f);
+    }
+    cJSON *ts = cJSON_AddArrayToObject(m, "tensors");
+    for (size_t ti = 0; ti < ck->n; ti++) {
+        const tps_ctensor *t = &ck->t[ti];
+        int d = E->L->p[ti].dim;
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "name", t->name);
+        cJSON_AddStringToObject(e, "dtype", tps_dtype_name(t->dtype));
+        cJSON_AddItemToObject(e, "shape", num_arr(t->shape, t->ndim));
+        cJSON_AddStringToObject(e, "style", tps_style_name(E->L->p[ti].style));
+        char pl[32];
+        if (d >= 0) snprintf(pl, sizeof pl, "Shard(%d)", d);
+        else snprintf(pl, sizeof pl, "Replicate");
+        cJSON_AddStringToObject(e, "placement", pl);
+        cJSON_AddNumberToObject(e, "dim", d);
+        if (E->L->p[ti].rule) cJSON_AddStringToObject(e, "rule", E->L->p[ti].rule);
+        cJSON_AddStringToObject(e, "source_file", t->origin);
+        cJSON *ranks = cJSON_AddArrayToObject(e, "ranks");
+        for (int r = 0; r < E->tp; r++) {
+            cJSON *x = cJSON_CreateObject();
+            uint64_t s = 0, l = 0, ls[TPS_MAX_DIMS];
+            memcpy(ls, t->shape, sizeof ls);
+            if (d >= 0) {
+                tps_chunk(t->shape[d], E->tp, r, &s, &l);
+                ls[d] = l;
+            }
+            cJSON_AddNumberToObject(x, "rank", r);
+            /* Unwritten ranks still get the name their part 0 would have. */
+            const oslot *so = &E->slots[ti * (size_t)E->tp + (size_t)r];
+            char *fn = so->file >= 0 ? NULL : tps_asprintf("model-rank-%d-part-0.safetensors", r);
+            const char *fname = fn;
+            if (so->file >= 0) {
+                const char *b = strrchr(E->files[so->file].final, '/');
+                fname = b ? b + 1 : E->files[so->file].final;
+            }
+            cJSON_AddStringToObject(x, "file", fname ? fname : "");
+            free(fn);
+            cJSON_AddItemToObject(x, "shape", num_arr(ls, t->ndim));
+            cJSON_AddNumberToObject(x, "offset", (double)s);
+            cJSON_AddNumberToObject(x, "nbytes", (double)tps_layout_local_bytes(E->L, ti, r));
+            if (so->file >= 0) cJSON_AddNumberToObject(x, "crc32", (double)so->crc);
+            cJSON_AddItemToArray(ranks, x);
+        }
+        cJSON_AddItemToArray(ts, e);
+    }
+    char *text = cJSON_Print(m);
+    cJSON_Delete(m);
+    if (!text) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory writing the manifest");
+    char *path = tps_path_join(o->out_dir, TPS_MANIFEST);
+    tps_err rc = path ? tps_write_file_atomic(E->ctx, path, text, strlen(text))
+                      : tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    free(path);
+    free(text);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ output directory */
+
+static int is_ours(const char *name)
+{
+    int r, p, n = 0;
+    if (strcmp(name, TPS_MANIFEST) == 0) return 1;
+    if (sscanf(name, "model-rank-%d-part-%d.safetensors%n", &r, &p, &n) == 2 && name[n] == 0) return 1;
+    /* Temporaries a killed run left behind. */
+    if (name[0] == '.' && strstr(name, ".tmp.") &&
+        (strncmp(name + 1, "model-rank-", 11) == 0 || strncmp(name + 1, TPS_MANIFEST, 12) == 0))
+        return 2;
+    return 0;
+}
+
+static tps_err prepare_dir(tps_ctx *ctx, const tps_ckpt *ck, const tps_split_opts *o)
+{
+    const char *dir = o->out_dir;
+    if (!tps_exists(dir)) {
+        /* mkdir -p */
+        char *p = tps_strdup(dir);
+        if (!p) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        for (char *s = p + 1; *s; s++)
+            if (*s == '/') {
+                *s = 0;
+                mkdir(p, 0755);
+                *s = '/';
+            }
+        int ok = mkdir(p, 0755) == 0 || errno == EEXIST;
+        int e = errno;
+        free(p);
+        if (!ok) return tps_fail(ctx, TPS_E_IO, "%s: cannot create the output directory: %s", dir, strerror(e));
+        return TPS_OK;
+    }
+    if (!tps_is_dir(dir)) return tps_fail(ctx, TPS_E_EXISTS, "%s: exists and is not a directory", dir);
+    char *a = realpath(dir, NULL), *b = realpath(ck->dir, NULL);
+    int same = a && b && strcmp(a, b) == 0;
+    free(a);
+    free(b);
+    if (same)
+        return tps_fail(ctx, TPS_E_ARG,
+                        "%s: the output directory is the model directory itself; choose another -o",
+                        dir);
+    DIR *d = opendir(dir);
+    if (!d) return tps_fail(ctx, TPS_E_IO, "%s: %s", dir, strerror(errno));
+    int found = 0;
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (is_ours(de->d_name) == 1) found = 1;
+    closedir(d);
+    if (found && !o->force)
+        return tps_fail(ctx, TPS_E_EXISTS,
+                        "%s: already holds a tpshard output; pass --force to replace it", dir);
+    return TPS_OK;
+}
+
+/* After the new files are in place: remove rank files of an older output
+ * that the new one does not have, and stale temporaries of killed runs. */
+static void remove_stale(engine *E, const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        int kind = is_ours(de->d_name);
+        if (!kind || strcmp(de->d_name, TPS_MANIFEST) == 0) continue;
+        char *p = tps_path_join(dir, de->d_name);
+        int keep = 0;
+        for (size_t i = 0; p && i < E->nfiles && !keep; i++)
+            keep = strcmp(E->files[i].final, p) == 0 || strcmp(E->files[i].tmp, p) == 0;
+        if (p && !keep) unlink(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+static tps_err space_check(tps_ctx *ctx, const engine *E, const char *dir)
+{
+    struct statvfs sv;
+    if (statvfs(dir, &sv) != 0) return TPS_OK;
+    uint64_t need = 0, replaced = 0;
+    for (size_t i = 0; i < E->nfiles; i++) {
+        need += E->files[i].size;
+        struct stat sb;
+        if (stat(E->files[i].final, &sb) == 0) replaced += (uint64_t)sb.st_size;
+    }
+    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize + replaced;
+    if (need > avail)
+        return tps_fail(ctx, TPS_E_NOSPACE,
+                        "%s: not enough free space: the split needs %.2f GiB, %.2f GiB are free", dir,
+                        need / 1073741824.0, avail / 1073741824.0);
+    return TPS_OK;
+}
+
+tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
+                  tps_split_result *res)
+{
+    tps_err rc = TPS_OK;
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp};
+    unsigned char *all = NULL;
+    if (res) memset(res, 0, sizeof *res);
+    if (L->rejected)
+        return tps_fail(ctx, TPS_E_REJECT, "plan %s rejects tp %d for %s: %s", tps_plan_name(L->plan),
+                        L->tp, ck->path, L->rejected);
+    if (!o->out_dir) return tps_fail(ctx, TPS_E_ARG, "no output directory");
+    all = tps_xcalloc((size_t)L->tp, 1);
+    E.slots = tps_xcalloc(ck->n * (size_t)L->tp, sizeof *E.slots);
+    TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
+    for (int r = 0; r < L->tp; r++) all[r] = o->ranks ? o->ranks[r] : 1;
+    E.write = all;
+    TPS_CHECK(prepare_dir(ctx, ck, o));
+    TPS_CHECK(build_files(&E, o));
+    TPS_CHECK(plan_tasks(&E));
+    TPS_CHECK(space_check(ctx, &E, o->out_dir));
+    for (size_t i = 0; i < E.nfiles; i++) {
+        ofile *f = &E.files[i];
+        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
+        TPS_CHECK(tps_pwrite_full(ctx, f->fd, f->final, f->hdr, f->hdr_len, 0));
+        /* Size it now: a full disk or a size limit shows before the copy. */
+        if (f->size > f->hdr_len && ftruncate(f->fd, (off_t)f->size) != 0) {
+            int e = errno;
+            TPS_FAIL_IF(e == EFBIG, ctx, TPS_E_NOSPACE, "%s: file size limit exceeded (EFBIG)", f->final);
+            TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
+        }
+    }
+    run_all(&E);
+    if (E.failed) {
+        rc = E.err;
+        goto out;
+    }
+    TPS_CHECK(tps_ckpt_recheck(ctx, ck));
+    combine_crcs(&E);
+    for (size_t i = 0; i < E.nfiles; i++) {
+        ofile *f = &E.files[i];
+        TPS_FAIL_IF(fsync(f->fd) != 0, ctx, errno == ENOSPC ? TPS_E_NOSPACE : TPS_E_IO,
+                    "%s: fsync: %s", f->final, strerror(errno));
+        int cr = close(f->fd);
+        f->fd = -1;
+        TPS_FAIL_IF(cr != 0, ctx, TPS_E_IO, "%s: close: %s", f->final, strerror(errno));
+    }
+    TPS_FAIL_IF(ctx->interrupted, ctx, TPS_E_INTERRUPTED, "interrupted");
+    {
+        /* The old manifest goes first, so no moment shows new rank files
+         * under an old manifest. */
+        char *mp = tps_path_join(o->out_dir, TPS_MANIFEST);
+        if (mp) unlink(mp);
+        free(mp);
+    }
+    for (size_t i = 0; i < E.nfiles; i++) {
+        TPS_FAIL_IF(rename(E.files[i].tmp, E.files[i].final) != 0, ctx, TPS_E_IO, "%s: rename: %s",
+                    E.files[i].final, strerror(errno));
+        free(E.files[i].tmp);
+        E.files[i].tmp = tps_strdup("");
+    }
+    remove_stale(&E, o->out_dir);
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir));
+    TPS_CHECK(write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
+    TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
+    if (res) {
+        for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;
+        res->bytes_read = E.done;
+        res->files_written = (int)E.nfiles;
+        for (int r = 0; r < L->tp; r++) res->ranks_written += all[r];
+    }
+out:
+    for (size_t i = 0; i < E.nfiles; i++) {
+        ofile *f = &E.files[i];
+        if (f->fd >= 0) close(f->fd);
+        if (rc && f->tmp && *f->tmp) unlink(f->tmp);
+        free(f->final);
+        free(f->tmp);
+        free(f->hdr);
+    }
+    free(E.files);
+    free(E.slots);
+    free(E.tasks);
+    free(E.crcs);
+    free(E.crclen);
+    free(all);
+    return rc;
+}

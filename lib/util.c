@@ -1,0 +1,441 @@
+/* util.c - ctx, errors, memory, file helpers, JSON helpers shared by lib/. */
+#include "internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static pthread_mutex_t g_err_lock = PTHREAD_MUTEX_INITIALIZER;
+
+const char *tps_version(void) { return TPS_VERSION_STRING; }
+
+const char *tps_strerror(tps_err e)
+{
+    switch (e) {
+    case TPS_OK: return "success";
+    case TPS_E_IO: return "I/O error";
+    case TPS_E_NOMEM: return "out of memory or over a resource bound";
+    case TPS_E_FORMAT: return "malformed safetensors file";
+    case TPS_E_JSON: return "malformed JSON";
+    case TPS_E_INDEX: return "inconsistent checkpoint index";
+    case TPS_E_CONFIG: return "bad or missing config.json value";
+    case TPS_E_PLAN: return "malformed plan";
+    case TPS_E_REJECT: return "tensor parallelism rejected for this model";
+    case TPS_E_ARG: return "bad argument";
+    case TPS_E_EXISTS: return "output exists";
+    case TPS_E_MISMATCH: return "data mismatch";
+    case TPS_E_UNSUPPORTED: return "not supported in this build";
+    case TPS_E_INTERRUPTED: return "interrupted";
+    case TPS_E_NOSPACE: return "no space left or file size limit reached";
+    case TPS_E_DEVICE: return "GPU error";
+    case TPS_E_SHAPE: return "tensor cannot be split as planned";
+    }
+    return "unknown error";
+}
+
+tps_ctx *tps_ctx_new(void)
+{
+    tps_ctx *c = calloc(1, sizeof *c);
+    return c;
+}
+
+void tps_ctx_free(tps_ctx *ctx) { free(ctx); }
+
+void tps_ctx_set_log(tps_ctx *ctx, tps_log_fn fn, void *user)
+{
+    ctx->log = fn;
+    ctx->log_user = user;
+}
+
+void tps_ctx_set_progress(tps_ctx *ctx, tps_progress_fn fn, void *user)
+{
+    ctx->progress = fn;
+    ctx->progress_user = user;
+}
+
+void tps_ctx_set_threads(tps_ctx *ctx, int n) { ctx->threads = n; }
+
+const char *tps_ctx_errmsg(const tps_ctx *ctx) { return ctx->msg; }
+
+void tps_ctx_interrupt(tps_ctx *ctx) { ctx->interrupted = 1; }
+
+int tps_threads(const tps_ctx *ctx)
+{
+    if (ctx && ctx->threads > 0) return ctx->threads;
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+#endif
+}
+
+tps_err tps_fail(tps_ctx *ctx, tps_err code, const char *fmt, ...)
+{
+    if (!ctx) return code;
+    pthread_mutex_lock(&g_err_lock);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&g_err_lock);
+    return code;
+}
+
+void tps_log(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
+{
+    if (!ctx || !ctx->log) return;
+    char buf[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    ctx->log(ctx->log_user, lvl, buf);
+}
+
+void *tps_xmalloc(size_t n) { return malloc(n ? n : 1); }
+void *tps_xcalloc(size_t n, size_t m) { return calloc(n ? n : 1, m ? m : 1); }
+
+char *tps_strdup(const char *s) { return s ? strdup(s) : NULL; }
+
+char *tps_asprintf(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    char *out = NULL;
+    if (vasprintf(&out, fmt, ap) < 0) out = NULL;
+    va_end(ap);
+    return out;
+}
+
+int tps_mul_ovf(uint64_t a, uint64_t b, uint64_t *out) { return __builtin_mul_overflow(a, b, out); }
+
+/* ------------------------------------------------------------------ numbers */
+
+int tps_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !*s) return -1;
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    uint64_t mult = 1;
+    switch (*end) {
+    case 'k': case 'K': mult = 1ULL << 10; end++; break;
+    case 'm': case 'M': mult = 1ULL << 20; end++; break;
+    case 'g': case 'G': mult = 1ULL << 30; end++; break;
+    case 't': case 'T': mult = 1ULL << 40; end++; break;
+    default: break;
+    }
+    if (mult > 1 && (*end == 'i' || *end == 'I')) end++;
+    if (mult > 1 && (*end == 'b' || *end == 'B')) end++;
+    if (mult == 1 && (*end == 'b' || *end == 'B')) end++;
+    if (*end) return -1;
+    double r = v * (double)mult;
+    if (r >= 18446744073709551615.0) return -1;
+    *out = (uint64_t)r;
+    return 0;
+}
+
+int tps_parse_ranks(const char *s, int tp, unsigned char *mask)
+{
+    if (!s || !*s || tp <= 0) return -1;
+    memset(mask, 0, (size_t)tp);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long a = strtol(p, &end, 10);
+        if (end == p || errno || a < 0 || a >= tp) return -1;
+        long b = a;
+        p = end;
+        if (*p == '-') {
+            p++;
+            b = strtol(p, &end, 10);
+            if (end == p || errno || b < a || b >= tp) return -1;
+            p = end;
+        }
+        for (long r = a; r <= b; r++) mask[r] = 1;
+        if (*p == ',') {
+            p++;
+            if (!*p) return -1;
+        } else if (*p) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ files */
+
+tps_err tps_read_file(tps_ctx *ctx, const char *path, size_t max, char **buf, size_t *len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tps_fail(ctx, TPS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return tps_fail(ctx, TPS_E_IO, "%s: not a regular file", path);
+    }
+    if ((uint64_t)st.st_size > max) {
+        close(fd);
+        return tps_fail(ctx, TPS_E_NOMEM, "%s: %lld bytes is over the %zu-byte limit for this file",
+                        path, (long long)st.st_size, max);
+    }
+    char *b = tps_xmalloc((size_t)st.st_size + 1);
+    if (!b) {
+        close(fd);
+        return tps_fail(ctx, TPS_E_NOMEM, "%s: out of memory", path);
+    }
+    tps_err rc = tps_pread_full(ctx, fd, path, b, (size_t)st.st_size, 0);
+    close(fd);
+    if (rc) {
+        free(b);
+        return rc;
+    }
+    b[st.st_size] = 0;
+    *buf = b;
+    if (len) *len = (size_t)st.st_size;
+    return TPS_OK;
+}
+
+tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t n = pread(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return tps_fail(ctx, TPS_E_IO, "%s: read at offset %llu: %s", path,
+                            (unsigned long long)off, strerror(errno));
+        }
+        if (n == 0)
+            return tps_fail(ctx, TPS_E_FORMAT,
+                            "%s: file is shorter than expected (truncated or changed while "
+                            "reading, at offset %llu)",
+                            path, (unsigned long long)off);
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return TPS_OK;
+}
+
+static tps_err write_errno(tps_ctx *ctx, const char *path, int err)
+{
+    if (err == ENOSPC || err == EDQUOT)
+        return tps_fail(ctx, TPS_E_NOSPACE, "%s: no space left on device", path);
+    if (err == EFBIG)
+        return tps_fail(ctx, TPS_E_NOSPACE, "%s: file size limit exceeded (EFBIG)", path);
+    return tps_fail(ctx, TPS_E_IO, "%s: write failed: %s", path, strerror(err));
+}
+
+tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf, size_t len,
+                        uint64_t off)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = pwrite(fd, p, len, (off_t)off);
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return write_errno(ctx, path, errno);
+        }
+        if (n == 0) return write_errno(ctx, path, ENOSPC);
+        p += n;
+        len -= (size_t)n;
+        off += (uint64_t)n;
+    }
+    return TPS_OK;
+}
+
+char *tps_path_join(const char *a, const char *b)
+{
+    size_t la = strlen(a);
+    if (la && a[la - 1] == '/') return tps_asprintf("%s%s", a, b);
+    return tps_asprintf("%s/%s", a, b);
+}
+
+int tps_is_dir(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+int tps_exists(const char *path)
+{
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+char *tps_tmp_name(const char *final_path)
+{
+    const char *slash = strrchr(final_path, '/');
+    if (!slash) return tps_asprintf(".%s.tmp.%d", final_path, (int)getpid());
+    return tps_asprintf("%.*s/.%s.tmp.%d", (int)(slash - final_path), final_path, slash + 1,
+                        (int)getpid());
+}
+
+tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return tps_fail(ctx, TPS_E_IO, "%s: cannot open directory: %s", dir, strerror(errno));
+    fsync(fd); /* some filesystems refuse fsync on directories; that is not an error */
+    close(fd);
+    return TPS_OK;
+}
+
+tps_err tps_write_file_atomic(tps_ctx *ctx, const char *path, const void *buf, size_t len)
+{
+    char *tmp = tps_tmp_name(path);
+    if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = tps_fail(ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    rc = tps_pwrite_full(ctx, fd, path, buf, len, 0);
+    if (!rc && fsync(fd) != 0) rc = write_errno(ctx, path, errno);
+    if (close(fd) != 0 && !rc) rc = write_errno(ctx, path, errno);
+    if (!rc && rename(tmp, path) != 0)
+        rc = tps_fail(ctx, TPS_E_IO, "%s: rename failed: %s", path, strerror(errno));
+    if (rc) unlink(tmp);
+out:
+    free(tmp);
+    return rc;
+}
+
+tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    tps_err rc = tps_read_file(ctx, src, 1ULL << 30, &buf, &len);
+    if (rc) return rc;
+    rc = tps_write_file_atomic(ctx, dst, buf, len);
+    free(buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ JSON */
+
+int tps_utf8_valid(const char *s, size_t len)
+{
+    const unsigned char *p = (const unsigned char *)s, *e = p + len;
+    while (p < e) {
+        unsigned c = *p;
+        if (c < 0x80) { p++; continue; }
+        int n;
+        unsigned min;
+        if ((c & 0xE0) == 0xC0) { n = 1; min = 0x80; c &= 0x1F; }
+        else if ((c & 0xF0) == 0xE0) { n = 2; min = 0x800; c &= 0x0F; }
+        else if ((c & 0xF8) == 0xF0) { n = 3; min = 0x10000; c &= 0x07; }
+        else return 0;
+        if (e - p <= n) return 0;
+        for (int i = 1; i <= n; i++) {
+            if ((p[i] & 0xC0) != 0x80) return 0;
+            c = (c << 6) | (p[i] & 0x3F);
+        }
+        if (c < min || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return 0;
+        p += n + 1;
+    }
+    return 1;
+}
+
+/* cJSON recurses per nesting level; bound it ourselves before parsing so a
+ * hostile file cannot exhaust the stack, whatever cJSON's build limit is. */
+static int json_depth_ok(const char *s, size_t len, int max)
+{
+    int depth = 0, in_str = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (in_str) {
+            if (c == '\\') i++;
+            else if (c == '"') in_str = 0;
+            continue;
+        }
+        if (c == '"') in_str = 1;
+        else if (c == '{' || c == '[') {
+            if (++depth > max) return 0;
+        } else if (c == '}' || c == ']') depth--;
+    }
+    return 1;
+}
+
+tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len, cJSON **out)
+{
+    if (!tps_utf8_valid(text, len))
+        return tps_fail(ctx, TPS_E_JSON, "%s: not valid UTF-8", label);
+    if (!json_depth_ok(text, len, 64))
+        return tps_fail(ctx, TPS_E_JSON, "%s: JSON nested deeper than 64 levels", label);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) {
+        size_t pos = end ? (size_t)(end - text) : 0;
+        if (pos > len) pos = len;
+        return tps_fail(ctx, TPS_E_JSON, "%s: not valid JSON (near byte %zu)", label, pos);
+    }
+    /* Only JSON whitespace may follow. */
+    for (const char *p = end; p && p < text + len; p++) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != 0) {
+            cJSON_Delete(j);
+            return tps_fail(ctx, TPS_E_JSON, "%s: not valid JSON (trailing text at byte %zu)", label,
+                            (size_t)(p - text));
+        }
+    }
+    *out = j;
+    return TPS_OK;
+}
+
+/* Duplicate detection in O(n log n): sort pointers to keys. */
+static int cmp_strp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+const char *tps_json_dup_key(const cJSON *obj)
+{
+    size_t n = 0;
+    for (const cJSON *c = obj->child; c; c = c->next) n++;
+    if (n < 2) return NULL;
+    const char **keys = tps_xmalloc(n * sizeof *keys);
+    if (!keys) return NULL;
+    size_t i = 0;
+    for (const cJSON *c = obj->child; c; c = c->next) keys[i++] = c->string ? c->string : "";
+    qsort(keys, n, sizeof *keys, cmp_strp);
+    const char *dup = NULL;
+    for (i = 1; i < n && !dup; i++)
+        if (strcmp(keys[i - 1], keys[i]) == 0) dup = keys[i];
+    free(keys);
+    return dup;
+}
+
+const cJSON *tps_config_get(const cJSON *config, const char *field)
+{
+    if (!config) return NULL;
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(config, field);
+    if (v && !cJSON_IsNull(v)) return v;
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(config, "text_config");
+    if (cJSON_IsObject(tc)) {
+        v = cJSON_GetObjectItemCaseSensitive(tc, field);
+        if (v && !cJSON_IsNull(v)) return v;
+    }
+    return NULL;
+}
+
+void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len)
+{
+    uint64_t c = n ? (n + (uint64_t)tp - 1) / (uint64_t)tp : 0;
+    uint64_t a = (uint64_t)r * c, b = (uint64_t)(r + 1) * c;
+    if (a > n) a = n;
+    if (b > n) b = n;
+    *start = a;
+    *len = b - a;
+}
