@@ -88,7 +88,7 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
                 }
                 continue;
             }
-            T[j].crc = (uint32_t)crc32_z(0, (const Bytef *)buf, (size_t)T[j].len);
+            T[j].crc = tps_crc32(0, buf, (size_t)T[j].len);
             total += T[j].len;
         }
         free(buf);
@@ -181,6 +181,44 @@ static tps_err same_bytes(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, cha
     return TPS_OK;
 }
 
+/* The source file's own header, validated against the tensors it must
+ * describe; their offsets come from it, so the file returns byte for byte. */
+static tps_err original_header(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *text,
+                               tps_st_entry *ent, const size_t *map, size_t n, char **hdr, size_t *hlen)
+{
+    size_t len = strlen(text);
+    uint64_t data = 0;
+    for (size_t k = 0; k < n; k++) data += ent[k].nbytes;
+    tps_st *st = NULL;
+    char *label = tps_asprintf("%s: manifest header of %s", ck->path, origin);
+    tps_err rc = label ? tps_st_parse_header(ctx, label, text, len, 8 + len + data, &st) : TPS_E_NOMEM;
+    free(label);
+    if (rc) return rc;
+    if (st->n != n) rc = tps_fail(ctx, TPS_E_MISMATCH, "%s: the recorded header of %s lists %zu tensors, the manifest %zu",
+                                  ck->path, origin, st->n, n);
+    for (size_t k = 0; !rc && k < n; k++) {
+        const tps_ctensor *t = &ck->t[map[k]];
+        size_t i;
+        for (i = 0; i < st->n; i++)
+            if (strcmp(st->t[i].name, t->name) == 0) break;
+        int same = i < st->n && st->t[i].dtype == t->dtype && st->t[i].ndim == t->ndim;
+        for (int d = 0; same && d < t->ndim; d++) same = st->t[i].shape[d] == t->shape[d];
+        if (!same)
+            rc = tps_fail(ctx, TPS_E_MISMATCH, "%s: tensor '%s' disagrees with the recorded header of %s",
+                          ck->path, t->name, origin);
+        else
+            ent[k].offset = st->t[i].begin;
+    }
+    tps_st_free(st);
+    if (rc) return rc;
+    *hdr = tps_xmalloc(8 + len);
+    if (!*hdr) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    for (int b = 0; b < 8; b++) (*hdr)[b] = (char)(((uint64_t)len >> (8 * b)) & 0xFF);
+    memcpy(*hdr + 8, text, len);
+    *hlen = 8 + len;
+    return TPS_OK;
+}
+
 static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *out_dir)
 {
     tps_err rc = TPS_OK;
@@ -211,7 +249,9 @@ static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, 
             mv[j++] = c->valuestring;
         }
     size_t hlen;
-    TPS_CHECK(tps_st_build_header(ctx, ent, n, mk, mv, j, &hdr, &hlen));
+    const cJSON *orig = cJSON_GetObjectItemCaseSensitive(ck->origin_header, origin);
+    if (cJSON_IsString(orig)) TPS_CHECK(original_header(ctx, ck, origin, orig->valuestring, ent, map, n, &hdr, &hlen));
+    else TPS_CHECK(tps_st_build_header(ctx, ent, n, mk, mv, j, &hdr, &hlen));
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     TPS_FAIL_IF(fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
     TPS_CHECK(tps_pwrite_full(ctx, fd, final, hdr, hlen, 0));

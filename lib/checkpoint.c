@@ -51,6 +51,7 @@ void tps_ckpt_free(tps_ckpt *ck)
     cJSON_Delete(ck->config);
     cJSON_Delete(ck->manifest);
     cJSON_Delete(ck->origin_meta);
+    cJSON_Delete(ck->origin_header);
     cJSON_Delete(ck->index_meta);
     free(ck);
 }
@@ -285,7 +286,9 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     ck->norigins = (size_t)cJSON_GetArraySize(sfiles);
     ck->origins = tps_xcalloc(ck->norigins, sizeof(char *));
     ck->origin_meta = cJSON_CreateObject();
-    TPS_FAIL_IF(!ck->origins || !ck->origin_meta, ctx, TPS_E_NOMEM, "out of memory");
+    ck->origin_header = cJSON_CreateObject();
+    TPS_FAIL_IF(!ck->origins || !ck->origin_meta || !ck->origin_header, ctx, TPS_E_NOMEM,
+                "out of memory");
     size_t oi = 0;
     for (const cJSON *f = sfiles->child; f; f = f->next, oi++) {
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
@@ -295,6 +298,9 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         const cJSON *md = cJSON_GetObjectItemCaseSensitive(f, "metadata");
         if (cJSON_IsObject(md))
             cJSON_AddItemToObject(ck->origin_meta, nm->valuestring, cJSON_Duplicate(md, 1));
+        const cJSON *hd = cJSON_GetObjectItemCaseSensitive(f, "header");
+        if (cJSON_IsString(hd))
+            cJSON_AddStringToObject(ck->origin_header, nm->valuestring, hd->valuestring);
     }
     const cJSON *iname = cJSON_GetObjectItemCaseSensitive(src, "index");
     if (cJSON_IsString(iname)) {
@@ -500,9 +506,12 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
         ck->norigins = ck->nfiles;
         ck->origins = tps_xcalloc(ck->nfiles, sizeof(char *));
         ck->origin_meta = cJSON_CreateObject();
-        TPS_FAIL_IF(!ck->origins || !ck->origin_meta, ctx, TPS_E_NOMEM, "out of memory");
+        ck->origin_header = cJSON_CreateObject();
+        TPS_FAIL_IF(!ck->origins || !ck->origin_meta || !ck->origin_header, ctx, TPS_E_NOMEM,
+                    "out of memory");
         for (size_t i = 0; i < ck->nfiles; i++) {
             ck->origins[i] = tps_strdup(ck->files[i].name);
+            cJSON_AddStringToObject(ck->origin_header, ck->files[i].name, ck->files[i].st->raw);
             cJSON *md = cJSON_CreateObject();
             for (size_t k = 0; k < ck->files[i].st->nmeta; k++)
                 cJSON_AddStringToObject(md, ck->files[i].st->mkeys[k], ck->files[i].st->mvals[k]);

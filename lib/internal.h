@@ -79,6 +79,12 @@ int tps_utf8_valid(const char *s, size_t len);
  * null counts as absent. */
 const cJSON *tps_config_get(const cJSON *config, const char *field);
 
+/* ------------------------------------------------------------------ crc */
+
+/* CRC32 as zlib's crc32_z computes it, faster where the CPU allows. */
+uint32_t tps_crc32(uint32_t crc, const void *data, size_t len);
+uint32_t tps_crc32_zlib(uint32_t crc, const void *data, size_t len); /* reference */
+
 /* ------------------------------------------------------------------ dtype */
 
 /* Converts n elements of dtype d at src (unaligned ok) to f32. 0 ok, -1 not a float dtype. */
@@ -102,6 +108,8 @@ struct tps_st {
     size_t n;
     char **mkeys, **mvals;
     size_t nmeta;
+    char *raw;      /* the header's N bytes as they are in the file */
+    size_t raw_len;
 };
 
 /* Parses a header buffer (the N bytes after the length). label names the file. */
@@ -172,7 +180,8 @@ struct tps_ckpt {
     int tp;          /* sharded dirs */
     char **origins;  /* original file names, in order (sharded: from manifest) */
     size_t norigins;
-    cJSON *origin_meta; /* sharded dirs: {file: {__metadata__}} */
+    cJSON *origin_meta; /* {file: {__metadata__}} */
+    cJSON *origin_header; /* {file: "the original header text"}: merge restores it verbatim */
     char *index_name;   /* "model.safetensors.index.json" when the source had one */
     cJSON *index_meta;  /* the source index's "metadata" object (merge writes it back) */
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */

@@ -43,6 +43,7 @@ static void st_free_fields(tps_st *st)
     free(st->mkeys);
     free(st->mvals);
     free(st->path);
+    free(st->raw);
 }
 
 void tps_st_free(tps_st *st)
@@ -169,6 +170,14 @@ tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, s
     }
     st->path = tps_strdup(label);
     st->file_size = file_size;
+    st->raw = tps_xmalloc(n + 1);
+    if (!st->raw) {
+        rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        goto out;
+    }
+    memcpy(st->raw, json, n);
+    st->raw[n] = 0;
+    st->raw_len = n;
     st->data_start = 8 + (uint64_t)n;
     if (!tps_utf8_valid(json, n)) {
         rc = tps_fail(ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);

@@ -384,7 +384,7 @@ tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t
     }
     /* Only JSON whitespace may follow. */
     for (const char *p = end; p && p < text + len; p++) {
-        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r' && *p != 0) {
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
             cJSON_Delete(j);
             return tps_fail(ctx, TPS_E_JSON, "%s: not valid JSON (trailing text at byte %zu)", label,
                             (size_t)(p - text));
