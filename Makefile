@@ -86,7 +86,11 @@ build/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c libtpshard.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c libtpshard.a $(LDLIBS)
 
-tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY)
+build/gen_llama: bench/gen_llama.c
+	@mkdir -p build
+	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $<
+
+tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama
 
 # The README's test command. Ends with one line "N passed, M failed".
 test: check-deps tests-bin
