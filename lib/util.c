@@ -349,32 +349,41 @@ int tps_utf8_valid(const char *s, size_t len)
     return 1;
 }
 
-/* cJSON recurses per nesting level; bound it ourselves before parsing so a
- * hostile file cannot exhaust the stack, whatever cJSON's build limit is. */
-static int json_depth_ok(const char *s, size_t len, int max)
+/* One pass before cJSON sees the text: bound the nesting (cJSON recurses
+ * per level, so a hostile file must not reach its stack), and refuse what
+ * cJSON would let through but C strings cannot hold: raw control characters
+ * in strings (JSON forbids them) and \u0000 (a name would be truncated). */
+static const char *json_prescan(const char *s, size_t len, int max)
 {
     int depth = 0, in_str = 0;
     for (size_t i = 0; i < len; i++) {
-        char c = s[i];
+        unsigned char c = (unsigned char)s[i];
         if (in_str) {
-            if (c == '\\') i++;
-            else if (c == '"') in_str = 0;
+            if (c < 0x20) return "a raw control character inside a string (a name or value; JSON requires escapes)";
+            if (c == '\\') {
+                if (i + 5 < len && memcmp(s + i + 1, "u0000", 5) == 0)
+                    return "a \\u0000 (NUL) inside a string; names and values may not hold NUL";
+                i++;
+            } else if (c == '"') {
+                in_str = 0;
+            }
             continue;
         }
+        if (c == 0) return "a NUL byte outside any string";
         if (c == '"') in_str = 1;
         else if (c == '{' || c == '[') {
-            if (++depth > max) return 0;
+            if (++depth > max) return "JSON nested deeper than 64 levels";
         } else if (c == '}' || c == ']') depth--;
     }
-    return 1;
+    return NULL;
 }
 
 tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len, cJSON **out)
 {
     if (!tps_utf8_valid(text, len))
         return tps_fail(ctx, TPS_E_JSON, "%s: not valid UTF-8", label);
-    if (!json_depth_ok(text, len, 64))
-        return tps_fail(ctx, TPS_E_JSON, "%s: JSON nested deeper than 64 levels", label);
+    const char *why = json_prescan(text, len, 64);
+    if (why) return tps_fail(ctx, TPS_E_JSON, "%s: not valid JSON: %s", label, why);
     const char *end = NULL;
     cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
     if (!j) {
