@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/file.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -68,6 +69,7 @@ typedef struct {
     uint64_t total, done;
     volatile int failed;
     tps_err err;
+    cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
 } engine;
 
 static oslot *slot(engine *E, size_t t, int r) { return &E->slots[t * (size_t)E->tp + (size_t)r]; }
@@ -459,9 +461,20 @@ static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *pl
         if (cJSON_IsString(hd)) cJSON_AddStringToObject(f, "header", hd->valuestring);
         cJSON_AddItemToArray(sf, f);
     }
+    /* Ranks earlier --ranks runs wrote here (joining), and what they recorded. */
+    unsigned char *theirs = tps_xcalloc((size_t)E->tp, 1);
+    const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
+    if (!theirs) {
+        cJSON_Delete(m);
+        return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    }
+    const cJSON *pw = cJSON_GetObjectItemCaseSensitive(E->prev, "ranks_written");
+    for (const cJSON *r = pw ? pw->child : NULL; r; r = r->next)
+        if (cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp && !E->write[r->valueint])
+            theirs[r->valueint] = 1;
     cJSON *rw = cJSON_AddArrayToObject(m, "ranks_written");
     for (int r = 0; r < E->tp; r++)
-        if (E->write[r]) cJSON_AddItemToArray(rw, cJSON_CreateNumber(r));
+        if (E->write[r] || theirs[r]) cJSON_AddItemToArray(rw, cJSON_CreateNumber(r));
     /* Every planned rank file, written or not, so a directory filled by
      * several --ranks runs can be checked for what is missing. */
     cJSON *files = cJSON_AddArrayToObject(m, "files");
@@ -474,6 +487,13 @@ static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *pl
         cJSON_AddNumberToObject(f, "bytes", (double)E->files[i].size);
         cJSON_AddItemToArray(files, f);
     }
+    const cJSON *pfiles = cJSON_GetObjectItemCaseSensitive(E->prev, "files");
+    for (const cJSON *f = pfiles ? pfiles->child : NULL; f; f = f->next) {
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(f, "rank");
+        if (cJSON_IsNumber(rk) && rk->valueint >= 0 && rk->valueint < E->tp && theirs[rk->valueint])
+            cJSON_AddItemToArray(files, cJSON_Duplicate(f, 1));
+    }
+    const cJSON *pt = ptensors ? ptensors->child : NULL;
     cJSON *ts = cJSON_AddArrayToObject(m, "tensors");
     for (size_t ti = 0; ti < ck->n; ti++) {
         const tps_ctensor *t = &ck->t[ti];
@@ -491,7 +511,13 @@ static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *pl
         if (E->L->p[ti].rule) cJSON_AddStringToObject(e, "rule", E->L->p[ti].rule);
         cJSON_AddStringToObject(e, "source_file", t->origin);
         cJSON *ranks = cJSON_AddArrayToObject(e, "ranks");
+        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
+        if (pt) pt = pt->next;
         for (int r = 0; r < E->tp; r++) {
+            if (theirs[r] && cJSON_GetArraySize(pranks) == E->tp) {
+                cJSON_AddItemToArray(ranks, cJSON_Duplicate(cJSON_GetArrayItem(pranks, r), 1));
+                continue;
+            }
             cJSON *x = cJSON_CreateObject();
             uint64_t s = 0, l = 0, ls[TPS_MAX_DIMS];
             memcpy(ls, t->shape, sizeof ls);
@@ -518,6 +544,7 @@ static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *pl
         }
         cJSON_AddItemToArray(ts, e);
     }
+    free(theirs);
     char *text = cJSON_Print(m);
     cJSON_Delete(m);
     if (!text) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory writing the manifest");
@@ -543,8 +570,53 @@ static int is_ours(const char *name)
     return 0;
 }
 
-static tps_err prepare_dir(tps_ctx *ctx, const tps_ckpt *ck, const tps_split_opts *o)
+/* Rank of a rank file or of its temporary, -1 when the name is neither. */
+static int rank_of(const char *name)
 {
+    int r, p;
+    if (name[0] == '.') name++;
+    return sscanf(name, "model-rank-%d-part-%d", &r, &p) == 2 ? r : -1;
+}
+
+static tps_err load_manifest(tps_ctx *ctx, const char *dir, cJSON **out)
+{
+    *out = NULL;
+    char *p = tps_path_join(dir, TPS_MANIFEST), *buf = NULL;
+    size_t len;
+    tps_err rc = p ? TPS_OK : TPS_E_NOMEM;
+    if (p && tps_exists(p)) {
+        rc = tps_read_file(ctx, p, 1u << 30, &buf, &len);
+        if (!rc) rc = tps_json_parse(ctx, p, buf, len, out);
+    }
+    free(p);
+    free(buf);
+    return rc;
+}
+
+/* A manifest that --ranks runs can add to: same source, plan, tp, tensors. */
+static int joinable(const engine *E, const cJSON *m)
+{
+    const tps_ckpt *ck = E->ck;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
+    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "plan"), "name");
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "source"), "stem");
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    if (!cJSON_IsNumber(tp) || tp->valueint != E->tp || !cJSON_IsString(pn) ||
+        strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
+        strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts) || (size_t)cJSON_GetArraySize(ts) != ck->n)
+        return 0;
+    size_t i = 0;
+    for (const cJSON *t = ts->child; t; t = t->next, i++) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name");
+        if (!cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)) return 0;
+    }
+    return 1;
+}
+
+static tps_err prepare_dir(engine *E, const tps_split_opts *o)
+{
+    tps_ctx *ctx = E->ctx;
+    const tps_ckpt *ck = E->ck;
     const char *dir = o->out_dir;
     if (!tps_exists(dir)) {
         /* mkdir -p */
@@ -571,14 +643,30 @@ static tps_err prepare_dir(tps_ctx *ctx, const tps_ckpt *ck, const tps_split_opt
         return tps_fail(ctx, TPS_E_ARG,
                         "%s: the output directory is the model directory itself; choose another -o",
                         dir);
+    /* --ranks into a directory other --ranks runs of the same split filled:
+     * add to it, and leave their ranks alone. */
+    if (o->ranks) {
+        cJSON *m = NULL;
+        if (load_manifest(ctx, dir, &m) == TPS_OK && m && joinable(E, m)) E->prev = m;
+        else cJSON_Delete(m);
+    }
     DIR *d = opendir(dir);
     if (!d) return tps_fail(ctx, TPS_E_IO, "%s: %s", dir, strerror(errno));
-    int found = 0;
+    int found = 0, clash = -1;
     struct dirent *de;
-    while ((de = readdir(d)))
-        if (is_ours(de->d_name) == 1) found = 1;
+    while ((de = readdir(d))) {
+        if (is_ours(de->d_name) != 1) continue;
+        found = 1;
+        int r = rank_of(de->d_name);
+        if (r >= 0 && r < E->tp && E->write[r]) clash = r;
+    }
     closedir(d);
-    if (found && !o->force)
+    if (E->prev && clash >= 0 && !o->force)
+        return tps_fail(ctx, TPS_E_EXISTS,
+                        "%s: rank %d is already written here; pass --force to rewrite the ranks "
+                        "you name",
+                        dir, clash);
+    if (!E->prev && found && !o->force)
         return tps_fail(ctx, TPS_E_EXISTS,
                         "%s: already holds a tpshard output; pass --force to replace it", dir);
     return TPS_OK;
@@ -595,7 +683,9 @@ static void remove_stale(engine *E, const char *dir)
         int kind = is_ours(de->d_name);
         if (!kind || strcmp(de->d_name, TPS_MANIFEST) == 0) continue;
         char *p = tps_path_join(dir, de->d_name);
-        int keep = 0;
+        int keep = 0, r = rank_of(de->d_name);
+        /* Joining: other runs' ranks and temporaries are theirs. */
+        if (E->prev && (r < 0 || r >= E->tp || !E->write[r])) keep = 1;
         for (size_t i = 0; p && i < E->nfiles && !keep; i++)
             keep = strcmp(E->files[i].final, p) == 0 || strcmp(E->files[i].tmp, p) == 0;
         if (p && !keep) unlink(p);
@@ -638,7 +728,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
     for (int r = 0; r < L->tp; r++) all[r] = o->ranks ? o->ranks[r] : 1;
     E.write = all;
-    TPS_CHECK(prepare_dir(ctx, ck, o));
+    TPS_CHECK(prepare_dir(&E, o));
     TPS_CHECK(build_files(&E, o));
     TPS_CHECK(plan_tasks(&E));
     TPS_CHECK(space_check(ctx, &E, o->out_dir));
@@ -670,7 +760,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         TPS_FAIL_IF(cr != 0, ctx, TPS_E_IO, "%s: close: %s", f->final, strerror(errno));
     }
     TPS_FAIL_IF(ctx->interrupted, ctx, TPS_E_INTERRUPTED, "interrupted");
-    {
+    if (!E.prev) {
         /* The old manifest goes first, so no moment shows new rank files
          * under an old manifest. */
         char *mp = tps_path_join(o->out_dir, TPS_MANIFEST);
@@ -685,7 +775,26 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     }
     remove_stale(&E, o->out_dir);
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir));
-    TPS_CHECK(write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
+    {
+        /* Runs on other machines may write the manifest too: take the lock,
+         * re-read theirs, add ours. */
+        char *lp = tps_path_join(o->out_dir, ".tpshard.lock");
+        int lfd = lp ? open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+        free(lp);
+        if (lfd >= 0) flock(lfd, LOCK_EX);
+        if (E.prev) {
+            cJSON *m = NULL;
+            if (load_manifest(ctx, o->out_dir, &m) == TPS_OK && m && joinable(&E, m)) {
+                cJSON_Delete(E.prev);
+                E.prev = m;
+            } else {
+                cJSON_Delete(m);
+            }
+        }
+        rc = write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan));
+        if (lfd >= 0) close(lfd);
+        if (rc) goto out;
+    }
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
     if (res) {
         for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;
@@ -707,6 +816,7 @@ out:
     free(E.tasks);
     free(E.crcs);
     free(E.crclen);
+    cJSON_Delete(E.prev);
     free(all);
     return rc;
 }

@@ -71,6 +71,15 @@ expect_exit 0 "check a --ranks directory" -- tps check "$T/part"
 expect_stdout_has "0,2" "check names the ranks not written"
 expect_exit 1 "merge refuses missing ranks" -- tps merge "$T/part" -o "$T/pm"
 expect_stderr_has "missing" "merge says ranks are missing"
+# Another machine writes the other ranks into the same directory.
+expect_exit 1 "a --ranks run that overlaps written ranks is refused" -- tps split "$L" --tp 4 --ranks 2-3 -o "$T/part"
+expect_stderr_has "rank 3" "the refusal names the rank"
+expect_exit 0 "--ranks 0,2 joins the directory" -- tps split "$L" --tp 4 --ranks 0,2 -o "$T/part" --max-part-size 16K
+expect_exit 0 "the joined directory checks complete" -- tps check "$T/part"
+grep -q "not written" "$OUT" && notok "no rank reported missing after joining" || ok "no rank reported missing after joining"
+expect_exit 0 "merge of the joined directory" -- tps merge "$T/part" -o "$T/pm"
+cmp -s "$T/pm/model.safetensors" "$L/model.safetensors" && ok "joined --ranks runs merge back to the source" ||
+  notok "joined --ranks runs merge back to the source"
 
 # --json documents parse and say what happened.
 run tps split "$L" --tp 2 -o "$T/j" --json
