@@ -49,6 +49,14 @@ tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, i
     L->n = ck->n;
     L->p = tps_xcalloc(ck->n, sizeof *L->p);
     TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
+    /* The plan's checks first: when it rejects the model, its reason is what
+     * the user needs, not a shape complaint about a tensor. */
+    TPS_CHECK(tps_plan_run_checks(ctx, plan, ck->config, tp, &L->checks, &L->nchecks));
+    for (size_t i = 0; i < L->nchecks; i++)
+        if (L->checks[i].ok == 0) {
+            L->rejected = tps_asprintf("%s: %s", L->checks[i].name, L->checks[i].detail);
+            break;
+        }
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         tps_place *pl = &L->p[i];
@@ -58,7 +66,7 @@ tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, i
         pl->style = r ? r->style : TPS_STYLE_REPLICATE;
         pl->rule = r ? pat : NULL;
         pl->dim = r ? style_dim(r->style, param_of(t->name)) : -1;
-        if (pl->dim < 0) continue;
+        if (pl->dim < 0 || L->rejected) continue;
         TPS_FAIL_IF(pl->dim >= t->ndim, ctx, TPS_E_SHAPE,
                     "%s: tensor '%s' is %d-D, but style %s (rule '%s') shards dim %d", ck->path,
                     t->name, t->ndim, tps_style_name(pl->style), pat, pl->dim);
@@ -76,12 +84,6 @@ tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, i
                         ck->path, t->name, tps_dtype_name(t->dtype), tp, r2, pl->dim);
         }
     }
-    TPS_CHECK(tps_plan_run_checks(ctx, plan, ck->config, tp, &L->checks, &L->nchecks));
-    for (size_t i = 0; i < L->nchecks; i++)
-        if (L->checks[i].ok == 0) {
-            L->rejected = tps_asprintf("%s: %s", L->checks[i].name, L->checks[i].detail);
-            break;
-        }
 out:
     if (rc) {
         tps_layout_free(L);

@@ -1,0 +1,1082 @@
+/* plan.c - TP plans: YAML parsing, module-path matching, conditions and
+ * config checks. The format is documented in man/tpshard-plan.5.
+ *
+ * Parsing is two passes: libyaml's event stream is turned into a small node
+ * tree (bounded in depth and size), then the tree is walked against the plan
+ * schema. Going through a tree keeps every schema error on one code path that
+ * knows the line of the offending node, and the walk stays linear in the
+ * number of rules (no per-key search over large mappings). */
+#include "internal.h"
+
+#include <fnmatch.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+/* Bounds on hostile plans (fuzzed): text, rules, checks, nesting and nodes. */
+#define PLAN_MAX_BYTES ((size_t)1 << 20)
+#define PLAN_MAX_RULES 10000
+#define PLAN_MAX_CHECKS 1000
+#define PLAN_MAX_DEPTH 64
+#define PLAN_MAX_NODES 500000
+#define PLAN_MAX_NAME 64
+/* A scalar quoted in an error message is cut to this many bytes. */
+#define SHOW 80
+
+/* The table tools/embed.sh generates into lib/plans_gen.c. Its struct is
+ * untagged there; an untagged struct with the same members is compatible
+ * across translation units (C11 6.2.7). */
+typedef struct {
+    const char *name;
+    const char *text;
+    size_t len;
+} builtin_plan;
+extern const builtin_plan tps_builtin_plans[];
+extern const size_t tps_builtin_plans_n;
+
+/* ------------------------------------------------------------------ styles */
+
+static const struct {
+    const char *name;
+    tps_style style;
+} style_names[] = {
+    {"colwise", TPS_STYLE_COLWISE},
+    {"rowwise", TPS_STYLE_ROWWISE},
+    {"embedding_rowwise", TPS_STYLE_EMBED_ROWWISE},
+    {"embedding_colwise", TPS_STYLE_EMBED_COLWISE},
+    {"replicate", TPS_STYLE_REPLICATE},
+    {"sequence_parallel", TPS_STYLE_SEQPAR},
+    /* Alias accepted on input, never printed: DESIGN §5 calls the vocab-parallel
+     * embedding "vocab" (NeMo's VocabParallelEmbedding). */
+    {"vocab", TPS_STYLE_EMBED_ROWWISE},
+};
+#define STYLES_LISTED 6
+#define STYLES_KNOWN "colwise, rowwise, embedding_rowwise, embedding_colwise, replicate, " \
+                     "sequence_parallel"
+
+const char *tps_style_name(tps_style s)
+{
+    switch (s) {
+    case TPS_STYLE_REPLICATE: return "replicate";
+    case TPS_STYLE_COLWISE: return "colwise";
+    case TPS_STYLE_ROWWISE: return "rowwise";
+    case TPS_STYLE_EMBED_ROWWISE: return "embedding_rowwise";
+    case TPS_STYLE_EMBED_COLWISE: return "embedding_colwise";
+    case TPS_STYLE_SEQPAR: return "sequence_parallel";
+    }
+    return "unknown";
+}
+
+static int style_lookup(const char *s, tps_style *out)
+{
+    for (size_t i = 0; i < sizeof style_names / sizeof style_names[0]; i++)
+        if (strcmp(style_names[i].name, s) == 0) {
+            *out = style_names[i].style;
+            return 0;
+        }
+    return -1;
+}
+
+/* ------------------------------------------------------------------ errors */
+
+typedef struct {
+    tps_ctx *ctx;
+    const char *label;
+} pctx;
+
+static tps_err perr(const pctx *pc, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static tps_err perr(const pctx *pc, int line, const char *fmt, ...)
+{
+    char buf[1536];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    return tps_fail(pc->ctx, TPS_E_PLAN, "%s:%d: %s", pc->label, line, buf);
+}
+
+static tps_err nomem(tps_ctx *ctx)
+{
+    return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+}
+
+/* Length to print of a user string in a message, so a 1 MiB scalar does not
+ * flood the error. */
+static int shown(const char *s)
+{
+    size_t n = strnlen(s, SHOW + 1);
+    return (int)(n > SHOW ? SHOW : n);
+}
+
+/* ------------------------------------------------------------------ YAML tree */
+
+enum { YN_SCALAR, YN_SEQ, YN_MAP };
+
+typedef struct ynode ynode;
+struct ynode {
+    int type;
+    int line;   /* 1-based */
+    int plain;  /* scalar written without quotes: may be null/bool/number */
+    char *s;    /* scalar text, NUL-terminated */
+    ynode **kid; /* sequence items; mapping keys and values alternating */
+    size_t n, cap;
+};
+
+static void ynode_free(ynode *y)
+{
+    if (!y) return;
+    /* Depth is bounded by PLAN_MAX_DEPTH, so recursion is safe. */
+    for (size_t i = 0; i < y->n; i++) ynode_free(y->kid[i]);
+    free(y->kid);
+    free(y->s);
+    free(y);
+}
+
+static int ynode_add(ynode *parent, ynode *kid)
+{
+    if (parent->n == parent->cap) {
+        size_t cap = parent->cap ? parent->cap * 2 : 4;
+        ynode **k = realloc(parent->kid, cap * sizeof *k);
+        if (!k) return -1;
+        parent->kid = k;
+        parent->cap = cap;
+    }
+    parent->kid[parent->n++] = kid;
+    return 0;
+}
+
+typedef struct {
+    ynode *root;
+    ynode *stack[PLAN_MAX_DEPTH];
+    int depth;
+    size_t nodes;
+} ybuild;
+
+/* Makes the node for a scalar / sequence start / mapping start event and
+ * hangs it under the open container (or as the root). */
+static tps_err ybuild_open(const pctx *pc, ybuild *b, const yaml_event_t *ev)
+{
+    int line = (int)ev->start_mark.line + 1;
+    int is_scalar = ev->type == YAML_SCALAR_EVENT;
+    const yaml_char_t *tag = is_scalar ? ev->data.scalar.tag
+                             : ev->type == YAML_SEQUENCE_START_EVENT ? ev->data.sequence_start.tag
+                                                                     : ev->data.mapping_start.tag;
+    /* Tags would let a plan retype values behind the schema's back. */
+    if (tag) return perr(pc, line, "YAML tags (%s) are not supported in plans", (const char *)tag);
+    if (!is_scalar && b->depth == PLAN_MAX_DEPTH)
+        return perr(pc, line, "plan nests deeper than %d levels", PLAN_MAX_DEPTH);
+    if (++b->nodes > PLAN_MAX_NODES)
+        return perr(pc, line, "plan has more than %d YAML nodes", PLAN_MAX_NODES);
+
+    ynode *y = tps_xcalloc(1, sizeof *y);
+    if (!y) return nomem(pc->ctx);
+    y->line = line;
+    if (is_scalar) {
+        size_t len = ev->data.scalar.length;
+        y->type = YN_SCALAR;
+        y->plain = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+        y->s = tps_xmalloc(len + 1);
+        if (!y->s) {
+            free(y);
+            return nomem(pc->ctx);
+        }
+        memcpy(y->s, ev->data.scalar.value, len);
+        y->s[len] = '\0';
+        if (memchr(y->s, '\0', len)) {
+            ynode_free(y);
+            return perr(pc, line, "string holds a NUL character");
+        }
+    } else {
+        y->type = ev->type == YAML_SEQUENCE_START_EVENT ? YN_SEQ : YN_MAP;
+    }
+    if (b->depth == 0) {
+        b->root = y; /* one document, so exactly one root */
+    } else if (ynode_add(b->stack[b->depth - 1], y)) {
+        ynode_free(y);
+        return nomem(pc->ctx);
+    }
+    if (!is_scalar) b->stack[b->depth++] = y;
+    return TPS_OK;
+}
+
+static tps_err yaml_load(const pctx *pc, const char *text, size_t len, ynode **out)
+{
+    yaml_parser_t ps;
+    yaml_event_t ev;
+    ybuild b;
+    int ndocs = 0, done = 0;
+    tps_err rc = TPS_OK;
+
+    memset(&b, 0, sizeof b);
+    *out = NULL;
+    if (!yaml_parser_initialize(&ps)) return nomem(pc->ctx);
+    yaml_parser_set_input_string(&ps, (const unsigned char *)text, len);
+    while (!done) {
+        if (!yaml_parser_parse(&ps, &ev)) {
+            if (ps.error == YAML_MEMORY_ERROR) {
+                rc = nomem(pc->ctx);
+            } else if (ps.context) {
+                rc = perr(pc, (int)ps.problem_mark.line + 1, "bad YAML: %s (%s at line %d)",
+                          ps.problem ? ps.problem : "syntax error", ps.context,
+                          (int)ps.context_mark.line + 1);
+            } else {
+                rc = perr(pc, (int)ps.problem_mark.line + 1, "bad YAML: %s",
+                          ps.problem ? ps.problem : "syntax error");
+            }
+            goto out;
+        }
+        int line = (int)ev.start_mark.line + 1;
+        switch (ev.type) {
+        case YAML_STREAM_END_EVENT:
+            done = 1;
+            break;
+        case YAML_DOCUMENT_START_EVENT:
+            if (++ndocs > 1)
+                rc = perr(pc, line, "more than one YAML document (a plan is one document)");
+            break;
+        case YAML_ALIAS_EVENT:
+            /* Aliases are how YAML bombs multiply; plans have no use for them. */
+            rc = perr(pc, line, "YAML aliases (*%s) are not supported in plans",
+                      (const char *)ev.data.alias.anchor);
+            break;
+        case YAML_SCALAR_EVENT:
+        case YAML_SEQUENCE_START_EVENT:
+        case YAML_MAPPING_START_EVENT:
+            rc = ybuild_open(pc, &b, &ev);
+            break;
+        case YAML_SEQUENCE_END_EVENT:
+        case YAML_MAPPING_END_EVENT:
+            if (b.depth > 0) b.depth--;
+            break;
+        default:
+            break;
+        }
+        yaml_event_delete(&ev);
+        if (rc != TPS_OK) goto out;
+    }
+    if (!b.root) {
+        rc = perr(pc, 1, "empty plan (expected a mapping with 'name' and 'rules')");
+        goto out;
+    }
+    *out = b.root;
+    b.root = NULL;
+out:
+    ynode_free(b.root);
+    yaml_parser_delete(&ps);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ scalars */
+
+static int y_is_null(const ynode *y)
+{
+    return y->type == YN_SCALAR && y->plain &&
+           (!y->s[0] || !strcmp(y->s, "~") || !strcmp(y->s, "null") || !strcmp(y->s, "Null") ||
+            !strcmp(y->s, "NULL"));
+}
+
+static int y_bool(const ynode *y, int *b)
+{
+    if (y->type != YN_SCALAR || !y->plain) return -1;
+    if (!strcmp(y->s, "true") || !strcmp(y->s, "True") || !strcmp(y->s, "TRUE")) {
+        *b = 1;
+        return 0;
+    }
+    if (!strcmp(y->s, "false") || !strcmp(y->s, "False") || !strcmp(y->s, "FALSE")) {
+        *b = 0;
+        return 0;
+    }
+    return -1;
+}
+
+/* YAML 1.2 core-schema decimal numbers only: [-+]digits[.digits][e[-+]digits]. */
+static int y_number(const ynode *y, double *d)
+{
+    const char *s = y->s;
+    int digits = 0;
+    if (y->type != YN_SCALAR || !y->plain) return -1;
+    if (*s == '-' || *s == '+') s++;
+    while (*s >= '0' && *s <= '9') s++, digits++;
+    if (*s == '.') {
+        s++;
+        while (*s >= '0' && *s <= '9') s++, digits++;
+    }
+    if (!digits) return -1;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '-' || *s == '+') s++;
+        if (!(*s >= '0' && *s <= '9')) return -1;
+        while (*s >= '0' && *s <= '9') s++;
+    }
+    if (*s) return -1;
+    *d = strtod(y->s, NULL);
+    return 0;
+}
+
+static const char *y_kind(const ynode *y)
+{
+    int b;
+    double d;
+    if (y->type == YN_SEQ) return "a list";
+    if (y->type == YN_MAP) return "a mapping";
+    if (y_is_null(y)) return "empty";
+    if (!y_bool(y, &b)) return "a boolean";
+    if (!y_number(y, &d)) return "a number";
+    return "a string";
+}
+
+/* ------------------------------------------------------------------ schema helpers */
+
+/* Splits mapping m into the values of its known keys (vals[i] for known[i],
+ * NULL when absent); unknown and duplicate keys are errors. Linear in the
+ * mapping's size. */
+static tps_err map_fields(const pctx *pc, const ynode *m, const char *what,
+                          const char *const *known, size_t nk, const ynode **vals)
+{
+    for (size_t j = 0; j < nk; j++) vals[j] = NULL;
+    if (m->type != YN_MAP)
+        return perr(pc, m->line, "%s must be a mapping, not %s", what, y_kind(m));
+    for (size_t i = 0; i + 1 < m->n; i += 2) {
+        const ynode *k = m->kid[i];
+        size_t j;
+        if (k->type != YN_SCALAR)
+            return perr(pc, k->line, "%s: a key must be a plain word, not %s", what, y_kind(k));
+        for (j = 0; j < nk; j++)
+            if (!strcmp(known[j], k->s)) break;
+        if (j == nk) {
+            char list[256];
+            size_t off = 0;
+            list[0] = '\0';
+            for (size_t x = 0; x < nk && off < sizeof list; x++)
+                off += (size_t)snprintf(list + off, sizeof list - off, "%s%s", x ? ", " : "",
+                                        known[x]);
+            return perr(pc, k->line, "unknown key '%.*s' in %s (known: %s)", shown(k->s), k->s,
+                        what, list);
+        }
+        if (vals[j]) return perr(pc, k->line, "duplicate key '%s' in %s", known[j], what);
+        vals[j] = m->kid[i + 1];
+    }
+    return TPS_OK;
+}
+
+/* Any non-empty scalar reads as a string (YAML would type `name: 3` as a
+ * number; a plan author means the text). */
+static tps_err get_str(const pctx *pc, const ynode *v, const char *key, char **out)
+{
+    if (v->type != YN_SCALAR)
+        return perr(pc, v->line, "'%s' must be a string, not %s", key, y_kind(v));
+    if (y_is_null(v) || !v->s[0]) return perr(pc, v->line, "'%s' needs a value", key);
+    *out = tps_strdup(v->s);
+    return *out ? TPS_OK : nomem(pc->ctx);
+}
+
+static tps_err get_bool(const pctx *pc, const ynode *v, const char *key, int *out)
+{
+    if (y_bool(v, out))
+        return perr(pc, v->line, "'%s' must be true or false, not %s", key, y_kind(v));
+    return TPS_OK;
+}
+
+typedef tps_err (*item_check)(const pctx *pc, const ynode *item);
+
+/* A string or a list of strings, e.g. `match: a.b` or `match: [a.b, c.d]`. */
+static tps_err get_str_list(const pctx *pc, const ynode *v, const char *key, item_check chk,
+                            char ***out, size_t *n)
+{
+    const ynode *const *items;
+    size_t cnt;
+    if (v->type == YN_MAP)
+        return perr(pc, v->line, "'%s' must be a string or a list of strings, not a mapping", key);
+    if (v->type == YN_SCALAR) {
+        items = (const ynode *const *)&v;
+        cnt = 1;
+    } else {
+        items = (const ynode *const *)v->kid;
+        cnt = v->n;
+    }
+    *out = tps_xcalloc(cnt ? cnt : 1, sizeof **out);
+    if (!*out) return nomem(pc->ctx);
+    for (size_t i = 0; i < cnt; i++) {
+        const ynode *it = items[i];
+        if (it->type != YN_SCALAR)
+            return perr(pc, it->line, "'%s' items must be strings, not %s", key, y_kind(it));
+        TPS_TRY(get_str(pc, it, key, &(*out)[i]));
+        (*n)++;
+        if (chk) TPS_TRY(chk(pc, it));
+    }
+    return TPS_OK;
+}
+
+static tps_err check_pattern(const pctx *pc, const ynode *it)
+{
+    const char *s = it->s;
+    size_t n = strlen(s);
+    if (s[0] == '.' || s[n - 1] == '.' || strstr(s, ".."))
+        return perr(pc, it->line, "pattern '%.*s' has an empty dotted component", shown(s), s);
+    for (const char *c = s; *c; c++)
+        if (*c == ' ' || *c == '\t' || *c == '\n' || *c == '\r')
+            return perr(pc, it->line, "pattern '%.*s' contains white space", shown(s), s);
+    /* Patterns name modules; a parameter suffix would never match and would
+     * silently leave the tensor replicated. */
+    if ((n > 7 && !strcmp(s + n - 7, ".weight")) || (n > 5 && !strcmp(s + n - 5, ".bias")))
+        return perr(pc, it->line,
+                    "pattern '%.*s' names a parameter: patterns are module paths, without the "
+                    "final .weight or .bias",
+                    shown(s), s);
+    return TPS_OK;
+}
+
+static tps_err check_plan_name(const pctx *pc, const ynode *it)
+{
+    const char *s = it->s;
+    if (strlen(s) > PLAN_MAX_NAME)
+        return perr(pc, it->line, "plan name is longer than %d characters", PLAN_MAX_NAME);
+    for (const char *c = s; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == '-' || *c == '.'))
+            return perr(pc, it->line,
+                        "plan name '%.*s' may only hold letters, digits, '_', '-' and '.'",
+                        shown(s), s);
+    return TPS_OK;
+}
+
+/* A YAML scalar as the JSON value it is compared with: true/false, a number,
+ * or a string (quoted scalars are always strings). */
+static tps_err get_json_scalar(const pctx *pc, const ynode *v, const char *key, int allow_null,
+                               cJSON **out)
+{
+    int b;
+    double d;
+    *out = NULL;
+    if (v->type != YN_SCALAR)
+        return perr(pc, v->line, "'%s' must be true, false, a number or a string, not %s", key,
+                    y_kind(v));
+    if (y_is_null(v)) {
+        if (allow_null) return TPS_OK;
+        return perr(pc, v->line, "'%s' needs a value (true, false, a number or a string)", key);
+    }
+    if (!y_bool(v, &b))
+        *out = cJSON_CreateBool(b);
+    else if (!y_number(v, &d))
+        *out = cJSON_CreateNumber(d);
+    else
+        *out = cJSON_CreateString(v->s);
+    return *out ? TPS_OK : nomem(pc->ctx);
+}
+
+static void cond_clear(tps_cond *c)
+{
+    free(c->field);
+    cJSON_Delete(c->value);
+    cJSON_Delete(c->dflt);
+    memset(c, 0, sizeof *c);
+}
+
+static tps_err parse_cond(const pctx *pc, const ynode *m, const char *what, tps_cond *c)
+{
+    static const char *const known[] = {"field", "truthy", "falsy", "equals", "default"};
+    const ynode *v[5];
+    int b, nops;
+    TPS_TRY(map_fields(pc, m, what, known, 5, v));
+    if (!v[0])
+        return perr(pc, m->line, "%s without 'field' (the config.json field it tests)", what);
+    TPS_TRY(get_str(pc, v[0], "field", &c->field));
+    nops = !!v[1] + !!v[2] + !!v[3];
+    if (nops == 0) return perr(pc, m->line, "%s needs one of truthy, falsy or equals", what);
+    if (nops > 1) return perr(pc, m->line, "%s takes only one of truthy, falsy or equals", what);
+    if (v[1]) {
+        TPS_TRY(get_bool(pc, v[1], "truthy", &b));
+        c->op = b ? TPS_COND_TRUTHY : TPS_COND_FALSY;
+    } else if (v[2]) {
+        TPS_TRY(get_bool(pc, v[2], "falsy", &b));
+        c->op = b ? TPS_COND_FALSY : TPS_COND_TRUTHY;
+    } else {
+        c->op = TPS_COND_EQUALS;
+        TPS_TRY(get_json_scalar(pc, v[3], "equals", 0, &c->value));
+    }
+    if (v[4]) TPS_TRY(get_json_scalar(pc, v[4], "default", 1, &c->dflt));
+    return TPS_OK;
+}
+
+static tps_err parse_rule(const pctx *pc, const ynode *m, tps_rule *r)
+{
+    static const char *const known[] = {"match", "style", "when"};
+    const ynode *v[3];
+    TPS_TRY(map_fields(pc, m, "rule", known, 3, v));
+    r->line = m->line;
+    if (!v[0])
+        return perr(pc, m->line, "rule without 'match' (the module path patterns it covers)");
+    if (!v[1]) return perr(pc, m->line, "rule without 'style' (known: " STYLES_KNOWN ")");
+    TPS_TRY(get_str_list(pc, v[0], "match", check_pattern, &r->patterns, &r->npat));
+    if (!r->npat) return perr(pc, v[0]->line, "'match' is an empty list");
+    if (v[1]->type != YN_SCALAR || y_is_null(v[1]))
+        return perr(pc, v[1]->line, "'style' must be a string, not %s", y_kind(v[1]));
+    if (style_lookup(v[1]->s, &r->style))
+        return perr(pc, v[1]->line, "unknown style '%.*s' (known: " STYLES_KNOWN ")",
+                    shown(v[1]->s), v[1]->s);
+    if (v[2]) {
+        r->when = tps_xcalloc(1, sizeof *r->when);
+        if (!r->when) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[2], "when", r->when));
+    }
+    return TPS_OK;
+}
+
+/* For a REJECT_IF check, tps_pcheck.field (unused by that kind otherwise)
+ * holds the check's display name: the struct has no name member. */
+static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
+{
+    static const char *const known[] = {"name", "divisible", "optional", "reason", "reject_if"};
+    const ynode *v[5];
+    TPS_TRY(map_fields(pc, m, "check", known, 5, v));
+    ck->line = m->line;
+    if (!v[1] && !v[4])
+        return perr(pc, m->line, "check needs 'divisible: FIELD' or 'reject_if: CONDITION'");
+    if (v[1] && v[4])
+        return perr(pc, m->line, "a check is either 'divisible' or 'reject_if', not both");
+    if (v[3]) TPS_TRY(get_str(pc, v[3], "reason", &ck->reason));
+    if (v[1]) {
+        ck->kind = TPS_PCHECK_DIVISIBLE;
+        if (v[0])
+            return perr(pc, v[0]->line,
+                        "'name' is only for reject_if checks (a divisible check is named "
+                        "'FIELD %% tp == 0')");
+        TPS_TRY(get_str(pc, v[1], "divisible", &ck->field));
+        if (v[2]) TPS_TRY(get_bool(pc, v[2], "optional", &ck->optional));
+        return TPS_OK;
+    }
+    ck->kind = TPS_PCHECK_REJECT_IF;
+    if (v[2]) return perr(pc, v[2]->line, "'optional' is only for divisible checks");
+    TPS_TRY(parse_cond(pc, v[4], "reject_if", &ck->cond));
+    if (!ck->reason)
+        return perr(pc, m->line, "reject_if check without 'reason' (the message shown when it "
+                                 "rejects)");
+    if (v[0]) {
+        TPS_TRY(get_str(pc, v[0], "name", &ck->field));
+    } else {
+        ck->field = tps_asprintf("reject if %s", ck->cond.field);
+        if (!ck->field) return nomem(pc->ctx);
+    }
+    return TPS_OK;
+}
+
+static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
+{
+    static const char *const known[] = {"name", "description", "serves", "rules", "checks"};
+    static const char *const sknown[] = {"architectures", "model_types"};
+    const ynode *v[5], *sv[2];
+
+    if (root->type != YN_MAP)
+        return perr(pc, root->line, "a plan must be a mapping with 'name' and 'rules', not %s",
+                    y_kind(root));
+    TPS_TRY(map_fields(pc, root, "the plan", known, 5, v));
+    if (!v[0]) return perr(pc, root->line, "plan without 'name'");
+    if (!v[3]) return perr(pc, root->line, "plan without 'rules'");
+    TPS_TRY(get_str(pc, v[0], "name", &p->name));
+    TPS_TRY(check_plan_name(pc, v[0]));
+    if (v[1]) TPS_TRY(get_str(pc, v[1], "description", &p->description));
+
+    if (v[2]) {
+        TPS_TRY(map_fields(pc, v[2], "serves", sknown, 2, sv));
+        if (sv[0]) TPS_TRY(get_str_list(pc, sv[0], "architectures", NULL, &p->architectures,
+                                        &p->narch));
+        if (sv[1]) TPS_TRY(get_str_list(pc, sv[1], "model_types", NULL, &p->model_types,
+                                        &p->nmt));
+    }
+
+    const ynode *rules = v[3];
+    if (y_is_null(rules)) return perr(pc, rules->line, "'rules' needs a list (may be [])");
+    if (rules->type != YN_SEQ)
+        return perr(pc, rules->line, "'rules' must be a list of rules, not %s", y_kind(rules));
+    if (rules->n > PLAN_MAX_RULES)
+        return perr(pc, rules->line, "plan has %zu rules, more than the limit of %d", rules->n,
+                    PLAN_MAX_RULES);
+    p->rules = tps_xcalloc(rules->n ? rules->n : 1, sizeof *p->rules);
+    if (!p->rules) return nomem(pc->ctx);
+    for (size_t i = 0; i < rules->n; i++) {
+        p->nrules++; /* counted first so a half-parsed rule is freed */
+        TPS_TRY(parse_rule(pc, rules->kid[i], &p->rules[i]));
+    }
+
+    const ynode *checks = v[4];
+    if (checks && !y_is_null(checks)) {
+        if (checks->type != YN_SEQ)
+            return perr(pc, checks->line, "'checks' must be a list of checks, not %s",
+                        y_kind(checks));
+        if (checks->n > PLAN_MAX_CHECKS)
+            return perr(pc, checks->line, "plan has %zu checks, more than the limit of %d",
+                        checks->n, PLAN_MAX_CHECKS);
+        p->checks = tps_xcalloc(checks->n ? checks->n : 1, sizeof *p->checks);
+        if (!p->checks) return nomem(pc->ctx);
+        for (size_t i = 0; i < checks->n; i++) {
+            p->nchecks++;
+            TPS_TRY(parse_check(pc, checks->kid[i], &p->checks[i]));
+        }
+    }
+    return TPS_OK;
+}
+
+/* ------------------------------------------------------------------ plan API */
+
+static void strv_free(char **v, size_t n)
+{
+    if (!v) return;
+    for (size_t i = 0; i < n; i++) free(v[i]);
+    free(v);
+}
+
+void tps_plan_free(tps_plan *p)
+{
+    if (!p) return;
+    free(p->name);
+    free(p->description);
+    free(p->label);
+    strv_free(p->architectures, p->narch);
+    strv_free(p->model_types, p->nmt);
+    for (size_t i = 0; i < p->nrules; i++) {
+        strv_free(p->rules[i].patterns, p->rules[i].npat);
+        if (p->rules[i].when) {
+            cond_clear(p->rules[i].when);
+            free(p->rules[i].when);
+        }
+    }
+    free(p->rules);
+    for (size_t i = 0; i < p->nchecks; i++) {
+        free(p->checks[i].field);
+        cond_clear(&p->checks[i].cond);
+        free(p->checks[i].reason);
+    }
+    free(p->checks);
+    free(p);
+}
+
+tps_err tps_plan_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
+                       tps_plan **out)
+{
+    pctx pc = {ctx, label ? label : "plan"};
+    ynode *root = NULL;
+    tps_plan *p = NULL;
+    tps_err rc = TPS_OK;
+
+    if (!out) return tps_fail(ctx, TPS_E_ARG, "tps_plan_parse: out is NULL");
+    *out = NULL;
+    if (!text && len) return tps_fail(ctx, TPS_E_ARG, "tps_plan_parse: text is NULL");
+    if (len > PLAN_MAX_BYTES)
+        return tps_fail(ctx, TPS_E_PLAN, "%s: plan is %zu bytes, more than the limit of 1 MiB",
+                        pc.label, len);
+    TPS_CHECK(yaml_load(&pc, text ? text : "", len, &root));
+    p = tps_xcalloc(1, sizeof *p);
+    TPS_FAIL_IF(!p, ctx, TPS_E_NOMEM, "out of memory");
+    p->label = tps_strdup(pc.label);
+    TPS_FAIL_IF(!p->label, ctx, TPS_E_NOMEM, "out of memory");
+    TPS_CHECK(build_plan(&pc, root, p));
+    *out = p;
+    p = NULL;
+out:
+    ynode_free(root);
+    tps_plan_free(p);
+    return rc;
+}
+
+tps_err tps_plan_load(tps_ctx *ctx, const char *path, tps_plan **out)
+{
+    struct stat st;
+    char *buf = NULL;
+    size_t len = 0;
+    tps_err rc;
+
+    if (!out) return tps_fail(ctx, TPS_E_ARG, "tps_plan_load: out is NULL");
+    *out = NULL;
+    if (!path) return tps_fail(ctx, TPS_E_ARG, "tps_plan_load: path is NULL");
+    /* Checked here so an oversized plan gets the plan limit's message rather
+     * than a generic read error. */
+    if (stat(path, &st) == 0) {
+        if (S_ISDIR(st.st_mode))
+            return tps_fail(ctx, TPS_E_ARG, "%s: is a directory, not a plan file", path);
+        if (S_ISREG(st.st_mode) && (unsigned long long)st.st_size > PLAN_MAX_BYTES)
+            return tps_fail(ctx, TPS_E_PLAN, "%s: plan is %lld bytes, more than the limit of 1 MiB",
+                            path, (long long)st.st_size);
+    }
+    TPS_TRY(tps_read_file(ctx, path, PLAN_MAX_BYTES, &buf, &len));
+    rc = tps_plan_parse(ctx, path, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+const char *tps_plan_name(const tps_plan *p)
+{
+    return p && p->name ? p->name : "";
+}
+
+const char *tps_plan_description(const tps_plan *p)
+{
+    return p && p->description ? p->description : "";
+}
+
+size_t tps_plan_builtin_count(void)
+{
+    return tps_builtin_plans_n;
+}
+
+const char *tps_plan_builtin_name(size_t i)
+{
+    return i < tps_builtin_plans_n ? tps_builtin_plans[i].name : NULL;
+}
+
+const char *tps_plan_builtin_text(size_t i, size_t *len)
+{
+    if (i >= tps_builtin_plans_n) {
+        if (len) *len = 0;
+        return NULL;
+    }
+    if (len) *len = tps_builtin_plans[i].len;
+    return tps_builtin_plans[i].text;
+}
+
+/* "gemma3, gemma4, llama, qwen2, qwen3" (owned), for error messages. */
+static char *families_list(void)
+{
+    size_t n = 1;
+    for (size_t i = 0; i < tps_builtin_plans_n; i++) n += strlen(tps_builtin_plans[i].name) + 2;
+    char *s = tps_xmalloc(n), *w = s;
+    if (!s) return NULL;
+    *w = '\0';
+    for (size_t i = 0; i < tps_builtin_plans_n; i++)
+        w += sprintf(w, "%s%s", i ? ", " : "", tps_builtin_plans[i].name);
+    return s;
+}
+
+static tps_err builtin_parse(tps_ctx *ctx, size_t i, tps_plan **out)
+{
+    char *label = tps_asprintf("plans/%s.yaml", tps_builtin_plans[i].name);
+    if (!label) return nomem(ctx);
+    tps_err rc = tps_plan_parse(ctx, label, tps_builtin_plans[i].text, tps_builtin_plans[i].len,
+                                out);
+    free(label);
+    return rc;
+}
+
+tps_err tps_plan_builtin(tps_ctx *ctx, const char *family, tps_plan **out)
+{
+    if (!out) return tps_fail(ctx, TPS_E_ARG, "tps_plan_builtin: out is NULL");
+    *out = NULL;
+    for (size_t i = 0; family && i < tps_builtin_plans_n; i++)
+        if (!strcasecmp(tps_builtin_plans[i].name, family)) return builtin_parse(ctx, i, out);
+    char *fams = families_list();
+    tps_err rc = tps_fail(ctx, TPS_E_ARG, "unknown family '%.*s' (known: %s)",
+                          family ? shown(family) : 6, family ? family : "(null)",
+                          fams ? fams : "?");
+    free(fams);
+    return rc;
+}
+
+int tps_plan_serves(const tps_plan *p, const cJSON *config)
+{
+    const cJSON *a, *mt, *it;
+    if (!p || !config) return 0;
+    a = tps_config_get(config, "architectures");
+    if (cJSON_IsString(a)) {
+        for (size_t j = 0; j < p->narch; j++)
+            if (!strcmp(p->architectures[j], a->valuestring)) return 2;
+    } else if (cJSON_IsArray(a)) {
+        cJSON_ArrayForEach(it, a) {
+            if (!cJSON_IsString(it)) continue;
+            for (size_t j = 0; j < p->narch; j++)
+                if (!strcmp(p->architectures[j], it->valuestring)) return 2;
+        }
+    }
+    mt = tps_config_get(config, "model_type");
+    if (cJSON_IsString(mt))
+        for (size_t j = 0; j < p->nmt; j++)
+            if (!strcmp(p->model_types[j], mt->valuestring)) return 1;
+    return 0;
+}
+
+/* The architectures and model_type a config names, for "no plan serves it". */
+static char *config_identity(const cJSON *config)
+{
+    const cJSON *a = tps_config_get(config, "architectures");
+    const cJSON *mt = tps_config_get(config, "model_type");
+    char *as = a ? cJSON_PrintUnformatted(a) : NULL;
+    char *ms = mt ? cJSON_PrintUnformatted(mt) : NULL;
+    char *s = tps_asprintf("architectures %.200s, model_type %.100s", as ? as : "(none)",
+                           ms ? ms : "(none)");
+    cJSON_free(as);
+    cJSON_free(ms);
+    return s;
+}
+
+tps_err tps_plan_detect(tps_ctx *ctx, const tps_ckpt *ck, tps_plan **out)
+{
+    tps_plan *best = NULL;
+    int best_score = 0;
+    tps_err rc = TPS_OK;
+    char *fams = NULL, *who = NULL;
+
+    if (!out) return tps_fail(ctx, TPS_E_ARG, "tps_plan_detect: out is NULL");
+    *out = NULL;
+    if (!ck) return tps_fail(ctx, TPS_E_ARG, "tps_plan_detect: no checkpoint");
+    fams = families_list();
+    TPS_FAIL_IF(!fams, ctx, TPS_E_NOMEM, "out of memory");
+    TPS_FAIL_IF(!ck->config, ctx, TPS_E_CONFIG,
+                "%s: no config.json: pass --family NAME or --plan FILE (families: %s)",
+                ck->path ? ck->path : "model", fams);
+    for (size_t i = 0; i < tps_builtin_plans_n; i++) {
+        tps_plan *p = NULL;
+        TPS_CHECK(builtin_parse(ctx, i, &p));
+        int score = tps_plan_serves(p, ck->config);
+        /* Ties keep the first plan in name order, so the choice is stable. */
+        if (score > best_score) {
+            tps_plan_free(best);
+            best = p;
+            best_score = score;
+        } else {
+            tps_plan_free(p);
+        }
+    }
+    if (!best) {
+        who = config_identity(ck->config);
+        rc = tps_fail(ctx, TPS_E_CONFIG,
+                      "%s/config.json: no built-in plan serves %s (families: %s): pass --family "
+                      "NAME or --plan FILE",
+                      ck->dir ? ck->dir : ".", who ? who : "this model", fams);
+        goto out;
+    }
+    *out = best;
+    best = NULL;
+out:
+    tps_plan_free(best);
+    free(fams);
+    free(who);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ matching */
+
+static int has_glob(const char *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] == '*' || s[i] == '?' || s[i] == '[' || s[i] == '\\') return 1;
+    return 0;
+}
+
+/* One dotted component against one pattern component, fnmatch(3) flags 0 as
+ * torch's parallelize_module does. Components are not NUL-terminated, so
+ * glob components are copied out (stack for the usual short names). */
+static int comp_match(const char *pat, size_t plen, const char *s, size_t slen)
+{
+    if (!has_glob(pat, plen)) return plen == slen && !memcmp(pat, s, plen);
+    char pb[128], sb[128];
+    char *pp = plen < sizeof pb ? pb : malloc(plen + 1);
+    char *ss = slen < sizeof sb ? sb : malloc(slen + 1);
+    int r = 0;
+    if (pp && ss) {
+        memcpy(pp, pat, plen);
+        pp[plen] = '\0';
+        memcpy(ss, s, slen);
+        ss[slen] = '\0';
+        r = fnmatch(pp, ss, 0) == 0;
+    }
+    if (pp != pb) free(pp);
+    if (ss != sb) free(ss);
+    return r;
+}
+
+/* Same number of dotted components, each matching. */
+static int path_match(const char *pat, const char *mod, size_t mlen)
+{
+    const char *mend = mod + mlen;
+    for (;;) {
+        const char *pd = strchr(pat, '.');
+        const char *md = memchr(mod, '.', (size_t)(mend - mod));
+        size_t pl = pd ? (size_t)(pd - pat) : strlen(pat);
+        size_t ml = md ? (size_t)(md - mod) : (size_t)(mend - mod);
+        if (!comp_match(pat, pl, mod, ml)) return 0;
+        if (!pd || !md) return !pd && !md;
+        pat = pd + 1;
+        mod = md + 1;
+    }
+}
+
+const tps_rule *tps_plan_match(const tps_plan *p, const char *tensor_name, const cJSON *config,
+                               const char **pattern)
+{
+    if (pattern) *pattern = NULL;
+    if (!p || !tensor_name) return NULL;
+    /* Module path: the name without its final component (.weight, .bias or
+     * any other parameter name). A name without a dot has no module. */
+    const char *dot = strrchr(tensor_name, '.');
+    if (!dot || dot == tensor_name) return NULL;
+    size_t mlen = (size_t)(dot - tensor_name);
+    for (size_t i = 0; i < p->nrules; i++) {
+        const tps_rule *r = &p->rules[i];
+        for (size_t j = 0; j < r->npat; j++) {
+            if (!path_match(r->patterns[j], tensor_name, mlen)) continue;
+            if (r->when && !tps_cond_eval(r->when, config)) break;
+            if (pattern) *pattern = r->patterns[j];
+            return r;
+        }
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ conditions */
+
+/* Python truthiness of a config value, since config.json is written from
+ * Python: null, false, 0, "", [] and {} are false. */
+static int json_truthy(const cJSON *v)
+{
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return 0;
+    if (cJSON_IsTrue(v)) return 1;
+    if (cJSON_IsNumber(v)) return v->valuedouble != 0;
+    if (cJSON_IsString(v)) return v->valuestring && v->valuestring[0];
+    if (cJSON_IsArray(v) || cJSON_IsObject(v)) return v->child != NULL;
+    return 1;
+}
+
+static int json_scalar_eq(const cJSON *a, const cJSON *b)
+{
+    if (!a || !b) return 0;
+    if (cJSON_IsBool(a) && cJSON_IsBool(b)) return !!cJSON_IsTrue(a) == !!cJSON_IsTrue(b);
+    if (cJSON_IsNumber(a) && cJSON_IsNumber(b)) return a->valuedouble == b->valuedouble;
+    if (cJSON_IsString(a) && cJSON_IsString(b))
+        return a->valuestring && b->valuestring && !strcmp(a->valuestring, b->valuestring);
+    return 0;
+}
+
+int tps_cond_eval(const tps_cond *c, const cJSON *config)
+{
+    if (!c) return 1;
+    const cJSON *v = config && c->field ? tps_config_get(config, c->field) : NULL;
+    if (!v) v = c->dflt;
+    switch (c->op) {
+    case TPS_COND_TRUTHY: return json_truthy(v);
+    case TPS_COND_FALSY: return !json_truthy(v);
+    case TPS_COND_EQUALS: return json_scalar_eq(v, c->value);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ checks */
+
+void tps_check_outcomes_free(tps_check_outcome *o, size_t n)
+{
+    if (!o) return;
+    for (size_t i = 0; i < n; i++) {
+        free(o[i].name);
+        free(o[i].detail);
+    }
+    free(o);
+}
+
+/* Owned compact JSON text of v, cut to 100 bytes. */
+static char *json_show(const cJSON *v)
+{
+    char *j = cJSON_PrintUnformatted(v);
+    char *s = j ? tps_asprintf("%.100s%s", j, strlen(j) > 100 ? "..." : "") : NULL;
+    cJSON_free(j);
+    return s;
+}
+
+static char *divisible_detail(const tps_pcheck *c, const cJSON *v, int tp, int *ok)
+{
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    /* 2^53: every integer below it is exact in a double. */
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d > 9007199254740992.0) {
+        char *shown_v = json_show(v);
+        char *s = tps_asprintf("%s = %s is not a count (a non-negative integer)", c->field,
+                               shown_v ? shown_v : "?");
+        free(shown_v);
+        *ok = 0;
+        return s;
+    }
+    unsigned long long n = (unsigned long long)d;
+    if (n == 0) {
+        /* Optional counts such as num_global_key_value_heads are 0 when unused. */
+        *ok = c->optional ? -1 : 0;
+        return c->optional ? tps_asprintf("%s = 0: not used", c->field)
+                           : tps_asprintf("%s = 0 is not a usable count", c->field);
+    }
+    if (n % (unsigned long long)tp == 0) {
+        *ok = 1;
+        return tps_asprintf("%s = %llu: %llu per rank at tp %d", c->field, n,
+                            n / (unsigned long long)tp, tp);
+    }
+    char works[400];
+    size_t off = 0;
+    works[0] = '\0';
+    for (unsigned long long k = 1; k <= 64 && k <= n && off < sizeof works; k++)
+        if (n % k == 0)
+            off += (size_t)snprintf(works + off, sizeof works - off, "%s%llu", off ? ", " : "", k);
+    *ok = 0;
+    return tps_asprintf("%s = %llu is not divisible by tp %d (tp values that work: %s)%s%s",
+                        c->field, n, tp, works, c->reason ? ": " : "", c->reason ? c->reason : "");
+}
+
+static char *reject_detail(const tps_pcheck *c, const cJSON *config, int tp, int *ok)
+{
+    if (tp == 1) {
+        *ok = 1;
+        return tps_strdup("tp 1: nothing is sharded");
+    }
+    if (tps_cond_eval(&c->cond, config)) {
+        *ok = 0;
+        return tps_strdup(c->reason ? c->reason : "rejected by the plan");
+    }
+    *ok = 1;
+    const cJSON *v = tps_config_get(config, c->cond.field);
+    char *shown_v = v ? json_show(v) : c->cond.dflt ? json_show(c->cond.dflt) : NULL;
+    char *s = v ? tps_asprintf("%s = %s", c->cond.field, shown_v ? shown_v : "?")
+              : shown_v ? tps_asprintf("%s not set (taken as %s)", c->cond.field, shown_v)
+                        : tps_asprintf("%s not set", c->cond.field);
+    free(shown_v);
+    return s;
+}
+
+tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config, int tp,
+                            tps_check_outcome **out, size_t *n)
+{
+    tps_check_outcome *o = NULL;
+    size_t k = 0;
+    tps_err rc = TPS_OK;
+
+    if (!out || !n) return tps_fail(ctx, TPS_E_ARG, "tps_plan_run_checks: out is NULL");
+    *out = NULL;
+    *n = 0;
+    if (!p) return tps_fail(ctx, TPS_E_ARG, "tps_plan_run_checks: no plan");
+    if (tp < 1) return tps_fail(ctx, TPS_E_ARG, "tp must be at least 1, not %d", tp);
+    if (!p->nchecks) return TPS_OK;
+    o = tps_xcalloc(p->nchecks, sizeof *o);
+    TPS_FAIL_IF(!o, ctx, TPS_E_NOMEM, "out of memory");
+    for (; k < p->nchecks; k++) {
+        const tps_pcheck *c = &p->checks[k];
+        tps_check_outcome *r = &o[k];
+        r->name = c->kind == TPS_PCHECK_DIVISIBLE ? tps_asprintf("%s %% tp == 0", c->field)
+                                                  : tps_strdup(c->field);
+        if (!config) {
+            r->ok = -1;
+            r->detail = tps_strdup("no config.json: check skipped");
+        } else if (c->kind == TPS_PCHECK_DIVISIBLE) {
+            const cJSON *v = tps_config_get(config, c->field);
+            if (!v) {
+                r->ok = -1;
+                r->detail = tps_strdup(c->optional ? "not set" : "not in config.json");
+            } else {
+                r->detail = divisible_detail(c, v, tp, &r->ok);
+            }
+        } else {
+            r->detail = reject_detail(c, config, tp, &r->ok);
+        }
+        TPS_FAIL_IF(!r->name || !r->detail, ctx, TPS_E_NOMEM, "out of memory");
+    }
+    *out = o;
+    *n = k;
+    o = NULL;
+out:
+    tps_check_outcomes_free(o, o ? k + 1 : 0);
+    return rc;
+}
