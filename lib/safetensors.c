@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #define TPS_MAX_HEADER 100000000ULL
-#define TPS_MAX_SHAPE_DIM 9007199254740992.0 /* 2^53: beyond it a JSON double is inexact */
 
 uint64_t tps_nbytes(tps_dtype d, const uint64_t *shape, int ndim, int *ovf, int *misaligned)
 {
@@ -53,14 +52,465 @@ void tps_st_free(tps_st *st)
     free(st);
 }
 
-/* A JSON number that is a non-negative integer exactly representable. */
-static int json_uint(const cJSON *v, uint64_t *out)
+/* ------------------------------------------------------------------ header parser
+ *
+ * A single pass over the header text straight into the compact tensor table:
+ * no JSON tree, so memory stays near the header's own size (a million
+ * tensors fit in about 100 MB, where a cJSON tree needed a gigabyte), and the
+ * number rules are serde_json's for u64: "1.0", "1e3" and "-0" are not
+ * counts. Text was checked as UTF-8 before it gets here. */
+
+typedef struct {
+    const char *s;
+    size_t n, i;
+    tps_ctx *ctx;
+    const char *label;
+} jp;
+
+static void jws(jp *p)
 {
-    if (!cJSON_IsNumber(v)) return 0;
-    double d = v->valuedouble;
-    if (!(d >= 0) || d >= TPS_MAX_SHAPE_DIM || d != (double)(uint64_t)d) return 0;
-    *out = (uint64_t)d;
+    while (p->i < p->n && (p->s[p->i] == ' ' || p->s[p->i] == '\t' || p->s[p->i] == '\n' || p->s[p->i] == '\r'))
+        p->i++;
+}
+
+static tps_err jbad(jp *p, const char *why)
+{
+    return tps_fail(p->ctx, TPS_E_FORMAT, "%s: header: not valid JSON at byte %zu: %s", p->label, p->i, why);
+}
+
+static int jpeek(jp *p) { return p->i < p->n ? (unsigned char)p->s[p->i] : -1; }
+
+static tps_err jexpect(jp *p, char c, const char *why)
+{
+    jws(p);
+    if (jpeek(p) != (unsigned char)c) return jbad(p, why);
+    p->i++;
+    return TPS_OK;
+}
+
+static int hexval(int c)
+{
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_u4(jp *p, unsigned *v)
+{
+    if (p->i + 4 > p->n) return 0;
+    *v = 0;
+    for (int k = 0; k < 4; k++) {
+        int h = hexval((unsigned char)p->s[p->i + (size_t)k]);
+        if (h < 0) return 0;
+        *v = (*v << 4) | (unsigned)h;
+    }
+    p->i += 4;
     return 1;
+}
+
+/* A JSON string into a new NUL-terminated UTF-8 buffer (out may be NULL to skip). */
+static tps_err jstring(jp *p, char **out)
+{
+    jws(p);
+    if (jpeek(p) != '"') return jbad(p, "expected a string");
+    p->i++;
+    size_t start = p->i, esc = 0;
+    while (p->i < p->n && p->s[p->i] != '"') {
+        unsigned char c = (unsigned char)p->s[p->i];
+        if (c < 0x20) return jbad(p, "a raw control character inside a string (a name or value; JSON requires escapes)");
+        if (c == '\\') {
+            esc = 1;
+            p->i++;
+        }
+        p->i++;
+    }
+    if (p->i >= p->n) return jbad(p, "unterminated string");
+    size_t end = p->i++;
+    if (!out) {
+        if (!esc) return TPS_OK;
+    }
+    char *o = tps_xmalloc(end - start + 1), *w = o;
+    if (!o) return tps_fail(p->ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t k = start; k < end; k++) {
+        char c = p->s[k];
+        if (c != '\\') {
+            *w++ = c;
+            continue;
+        }
+        c = p->s[++k];
+        switch (c) {
+        case '"': *w++ = '"'; break;
+        case '\\': *w++ = '\\'; break;
+        case '/': *w++ = '/'; break;
+        case 'b': *w++ = '\b'; break;
+        case 'f': *w++ = '\f'; break;
+        case 'n': *w++ = '\n'; break;
+        case 'r': *w++ = '\r'; break;
+        case 't': *w++ = '\t'; break;
+        case 'u': {
+            jp q = *p;
+            q.i = k + 1;
+            unsigned u, lo;
+            if (!read_u4(&q, &u)) goto bad_escape;
+            if (u >= 0xDC00 && u <= 0xDFFF) goto bad_escape;
+            if (u >= 0xD800 && u <= 0xDBFF) {
+                if (q.i + 2 > end || q.s[q.i] != '\\' || q.s[q.i + 1] != 'u') goto bad_escape;
+                q.i += 2;
+                if (!read_u4(&q, &lo) || lo < 0xDC00 || lo > 0xDFFF) goto bad_escape;
+                u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            }
+            if (u == 0) {
+                free(o);
+                p->i = k;
+                return jbad(p, "a \\u0000 (NUL) inside a string; names and values may not hold NUL");
+            }
+            if (u < 0x80) *w++ = (char)u;
+            else if (u < 0x800) { *w++ = (char)(0xC0 | (u >> 6)); *w++ = (char)(0x80 | (u & 0x3F)); }
+            else if (u < 0x10000) {
+                *w++ = (char)(0xE0 | (u >> 12)); *w++ = (char)(0x80 | ((u >> 6) & 0x3F));
+                *w++ = (char)(0x80 | (u & 0x3F));
+            } else {
+                *w++ = (char)(0xF0 | (u >> 18)); *w++ = (char)(0x80 | ((u >> 12) & 0x3F));
+                *w++ = (char)(0x80 | ((u >> 6) & 0x3F)); *w++ = (char)(0x80 | (u & 0x3F));
+            }
+            k = q.i - 1;
+            break;
+        }
+        default:
+        bad_escape:
+            free(o);
+            p->i = k;
+            return jbad(p, "a bad escape sequence in a string");
+        }
+    }
+    *w = 0;
+    if (out) *out = o;
+    else free(o);
+    return TPS_OK;
+}
+
+/* A JSON number; *is_uint says whether it is a plain non-negative integer
+ * below 2^64 (its value in *v). */
+static tps_err jnumber(jp *p, uint64_t *v, int *is_uint)
+{
+    jws(p);
+    size_t st = p->i;
+    int neg = 0, frac = 0, ovf = 0;
+    uint64_t acc = 0;
+    if (jpeek(p) == '-') { neg = 1; p->i++; }
+    if (jpeek(p) < '0' || jpeek(p) > '9') return jbad(p, "expected a number");
+    if (jpeek(p) == '0' && p->i + 1 < p->n && p->s[p->i + 1] >= '0' && p->s[p->i + 1] <= '9')
+        return jbad(p, "a number with a leading zero");
+    while (jpeek(p) >= '0' && jpeek(p) <= '9') {
+        unsigned d = (unsigned)(p->s[p->i++] - '0');
+        if (acc > (UINT64_MAX - d) / 10) ovf = 1;
+        acc = acc * 10 + d;
+    }
+    if (jpeek(p) == '.') {
+        frac = 1;
+        p->i++;
+        if (jpeek(p) < '0' || jpeek(p) > '9') return jbad(p, "a number with nothing after '.'");
+        while (jpeek(p) >= '0' && jpeek(p) <= '9') p->i++;
+    }
+    if (jpeek(p) == 'e' || jpeek(p) == 'E') {
+        frac = 1;
+        p->i++;
+        if (jpeek(p) == '+' || jpeek(p) == '-') p->i++;
+        if (jpeek(p) < '0' || jpeek(p) > '9') return jbad(p, "a number with an empty exponent");
+        while (jpeek(p) >= '0' && jpeek(p) <= '9') p->i++;
+    }
+    (void)st;
+    *is_uint = !neg && !frac && !ovf;
+    *v = acc;
+    return TPS_OK;
+}
+
+static tps_err jskip(jp *p, int depth)
+{
+    if (depth > 64) return jbad(p, "JSON nested deeper than 64 levels");
+    jws(p);
+    int c = jpeek(p);
+    uint64_t v;
+    int u;
+    if (c == '"') return jstring(p, NULL);
+    if (c == '-' || (c >= '0' && c <= '9')) return jnumber(p, &v, &u);
+    static const char *const lits[] = {"true", "false", "null"};
+    for (int k = 0; k < 3; k++) {
+        size_t l = strlen(lits[k]);
+        if (p->i + l <= p->n && memcmp(p->s + p->i, lits[k], l) == 0) {
+            p->i += l;
+            return TPS_OK;
+        }
+    }
+    if (c != '{' && c != '[') return jbad(p, "expected a value");
+    char close = c == '{' ? '}' : ']';
+    p->i++;
+    jws(p);
+    if (jpeek(p) == close) {
+        p->i++;
+        return TPS_OK;
+    }
+    for (;;) {
+        if (c == '{') {
+            TPS_TRY(jstring(p, NULL));
+            TPS_TRY(jexpect(p, ':', "expected ':'"));
+        }
+        TPS_TRY(jskip(p, depth + 1));
+        jws(p);
+        if (jpeek(p) == ',') { p->i++; continue; }
+        if (jpeek(p) == close) { p->i++; return TPS_OK; }
+        return jbad(p, "expected ',' or a closing bracket");
+    }
+}
+
+/* [u, u, ...] of non-negative integers; field names the error. */
+static tps_err juint_array(jp *p, const char *tname, const char *field, uint64_t *vals, int max, int *count)
+{
+    jws(p);
+    if (jpeek(p) != '[')
+        return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': %s is not an array", p->label, tname, field);
+    p->i++;
+    *count = 0;
+    jws(p);
+    if (jpeek(p) == ']') {
+        p->i++;
+        return TPS_OK;
+    }
+    for (;;) {
+        jws(p);
+        int c = jpeek(p);
+        if (c != '-' && (c < '0' || c > '9'))
+            return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': %s[%d] is not a non-negative integer",
+                            p->label, tname, field, *count);
+        uint64_t v;
+        int isu;
+        TPS_TRY(jnumber(p, &v, &isu));
+        if (!isu)
+            return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': %s[%d] is not a non-negative integer",
+                            p->label, tname, field, *count);
+        if (*count >= max)
+            return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': %s has more than %d entries",
+                            p->label, tname, field, max);
+        vals[(*count)++] = v;
+        jws(p);
+        if (jpeek(p) == ',') { p->i++; continue; }
+        if (jpeek(p) == ']') { p->i++; return TPS_OK; }
+        return jbad(p, "expected ',' or ']'");
+    }
+}
+
+static tps_err parse_metadata(jp *p, tps_st *st)
+{
+    jws(p);
+    if (jpeek(p) < 0) return jbad(p, "the header ends in the middle of __metadata__");
+    if (jpeek(p) != '{')
+        return tps_fail(p->ctx, TPS_E_FORMAT, "%s: __metadata__ must be an object of strings", p->label);
+    p->i++;
+    jws(p);
+    if (jpeek(p) == '}') {
+        p->i++;
+        return TPS_OK;
+    }
+    size_t cap = 0;
+    for (;;) {
+        char *k = NULL, *v = NULL;
+        TPS_TRY(jstring(p, &k));
+        tps_err rc = jexpect(p, ':', "expected ':'");
+        jws(p);
+        if (!rc && jpeek(p) != '"') {
+            int reserved = !strcmp(k, "dtype") || !strcmp(k, "shape") || !strcmp(k, "data_offsets");
+            rc = reserved ? tps_fail(p->ctx, TPS_E_FORMAT,
+                                     "%s: a tensor may not be named __metadata__ (the name is reserved)", p->label)
+                          : tps_fail(p->ctx, TPS_E_FORMAT,
+                                     "%s: __metadata__ value for '%s' is not a string (metadata is "
+                                     "string to string only)",
+                                     p->label, k);
+        }
+        if (!rc) rc = jstring(p, &v);
+        for (size_t j = 0; !rc && j < st->nmeta; j++)
+            if (!strcmp(st->mkeys[j], k))
+                rc = tps_fail(p->ctx, TPS_E_FORMAT, "%s: __metadata__: duplicate key '%s'", p->label, k);
+        if (!rc && st->nmeta == cap) {
+            cap = cap ? cap * 2 : 8;
+            char **nk = realloc(st->mkeys, cap * sizeof *nk);
+            if (nk) st->mkeys = nk;
+            char **nv = realloc(st->mvals, cap * sizeof *nv);
+            if (nv) st->mvals = nv;
+            if (!nk || !nv) rc = tps_fail(p->ctx, TPS_E_NOMEM, "out of memory");
+        }
+        if (rc) {
+            free(k);
+            free(v);
+            return rc;
+        }
+        st->mkeys[st->nmeta] = k;
+        st->mvals[st->nmeta++] = v;
+        jws(p);
+        if (jpeek(p) == ',') { p->i++; continue; }
+        if (jpeek(p) == '}') { p->i++; return TPS_OK; }
+        return jbad(p, "expected ',' or '}' in __metadata__");
+    }
+}
+
+static tps_err parse_tensor(jp *p, const char *name, tps_st_tensor_info *t)
+{
+    const char *label = p->label;
+    jws(p);
+    if (jpeek(p) < 0) return jbad(p, "the header ends in the middle of an entry");
+    if (jpeek(p) != '{')
+        return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': entry is not a JSON object", label, name);
+    p->i++;
+    int have_dt = 0, have_sh = 0, have_of = 0;
+    jws(p);
+    if (jpeek(p) == '}') p->i++;
+    else
+        for (;;) {
+            char *k = NULL;
+            TPS_TRY(jstring(p, &k));
+            tps_err rc = jexpect(p, ':', "expected ':'");
+            int *seen = !strcmp(k, "dtype") ? &have_dt : !strcmp(k, "shape") ? &have_sh
+                      : !strcmp(k, "data_offsets") ? &have_of : NULL;
+            if (!rc && seen && *seen)
+                rc = tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': duplicate key '%s'", label, name, k);
+            if (!rc && seen == &have_dt) {
+                char *dt = NULL;
+                jws(p);
+                rc = jpeek(p) == '"' ? jstring(p, &dt)
+                                     : tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': dtype is not a string",
+                                                label, name);
+                if (!rc && tps_dtype_from_name(dt, &t->dtype) != 0)
+                    rc = tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': unknown dtype '%.64s'", label, name, dt);
+                free(dt);
+            } else if (!rc && seen == &have_sh) {
+                rc = juint_array(p, name, "shape", t->shape, TPS_MAX_DIMS, &t->ndim);
+            } else if (!rc && seen == &have_of) {
+                uint64_t o[3];
+                int cnt = 0;
+                rc = juint_array(p, name, "data_offsets", o, 3, &cnt);
+                if (!rc && cnt != 2)
+                    rc = tps_fail(p->ctx, TPS_E_FORMAT,
+                                  "%s: tensor '%s': data_offsets must be two non-negative integers [begin, end]",
+                                  label, name);
+                t->begin = o[0];
+                t->end = o[1];
+            } else if (!rc) {
+                rc = jskip(p, 2); /* unknown keys are ignored, as the reference reader does */
+            }
+            free(k);
+            if (rc) return rc;
+            if (seen) *seen = 1;
+            jws(p);
+            if (jpeek(p) == ',') { p->i++; continue; }
+            if (jpeek(p) == '}') { p->i++; break; }
+            return jbad(p, "expected ',' or '}' in a tensor entry");
+        }
+    if (!have_dt) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing dtype", label, name);
+    if (!have_sh) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing shape", label, name);
+    if (!have_of) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing data_offsets", label, name);
+    if (t->begin > t->end)
+        return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu",
+                        label, name, (unsigned long long)t->begin, (unsigned long long)t->end);
+    int ovf, mis;
+    uint64_t nb = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
+    if (ovf)
+        return tps_fail(p->ctx, TPS_E_FORMAT,
+                        "%s: tensor '%s': size overflow computing bytes from shape and dtype", label, name);
+    if (mis)
+        return tps_fail(p->ctx, TPS_E_FORMAT,
+                        "%s: tensor '%s': %s element count does not fill whole bytes (misaligned "
+                        "sub-byte tensor)",
+                        label, name, tps_dtype_name(t->dtype));
+    if (t->end - t->begin != nb)
+        return tps_fail(p->ctx, TPS_E_FORMAT,
+                        "%s: tensor '%s': data_offsets span %llu bytes but shape and dtype %s need "
+                        "%llu (size mismatch)",
+                        label, name, (unsigned long long)(t->end - t->begin),
+                        tps_dtype_name(t->dtype), (unsigned long long)nb);
+    return TPS_OK;
+}
+
+static int cmp_name_ptr(const void *a, const void *b)
+{
+    return strcmp(**(char *const *const *)a, **(char *const *const *)b);
+}
+
+/* Walks the top-level object, filling st. */
+static tps_err parse_top(jp *p, tps_st *st)
+{
+    jws(p);
+    if (jpeek(p) != '{') {
+        if (jpeek(p) == '[' || jpeek(p) == '"' || jpeek(p) == '-' || (jpeek(p) >= '0' && jpeek(p) <= '9') ||
+            jpeek(p) == 't' || jpeek(p) == 'f' || jpeek(p) == 'n')
+            return tps_fail(p->ctx, TPS_E_FORMAT, "%s: header is not a JSON object", p->label);
+        return jbad(p, "expected '{'");
+    }
+    p->i++;
+    size_t cap = 0;
+    int have_meta = 0;
+    jws(p);
+    if (jpeek(p) == '}') p->i++;
+    else
+        for (;;) {
+            char *name = NULL;
+            TPS_TRY(jstring(p, &name));
+            tps_err rc = jexpect(p, ':', "expected ':'");
+            if (!rc && !strcmp(name, "__metadata__")) {
+                rc = have_meta ? tps_fail(p->ctx, TPS_E_FORMAT, "%s: duplicate tensor name '__metadata__'", p->label)
+                               : parse_metadata(p, st);
+                have_meta = 1;
+                free(name);
+                name = NULL;
+            } else if (!rc) {
+                if (st->n == cap) {
+                    cap = cap ? cap * 2 : 64;
+                    tps_st_tensor_info *nt = realloc(st->t, cap * sizeof *nt);
+                    if (!nt) rc = tps_fail(p->ctx, TPS_E_NOMEM, "%s: out of memory for %zu tensors", p->label, cap);
+                    else st->t = nt;
+                }
+                if (!rc) {
+                    tps_st_tensor_info *t = &st->t[st->n];
+                    memset(t, 0, sizeof *t);
+                    rc = parse_tensor(p, name, t);
+                    if (!rc) {
+                        t->name = name;
+                        name = NULL;
+                        st->n++;
+                    }
+                }
+            }
+            free(name);
+            if (rc) return rc;
+            jws(p);
+            if (jpeek(p) == ',') { p->i++; continue; }
+            if (jpeek(p) == '}') { p->i++; break; }
+            return jbad(p, "expected ',' or '}' after a tensor entry");
+        }
+    jws(p);
+    if (p->i != p->n) return jbad(p, "text after the header object");
+    /* Duplicate names: sort pointers to them. */
+    if (st->n > 1) {
+        char **names = tps_xmalloc(st->n * sizeof *names);
+        char ***ptrs = tps_xmalloc(st->n * sizeof *ptrs);
+        if (!names || !ptrs) {
+            free(names);
+            free(ptrs);
+            return tps_fail(p->ctx, TPS_E_NOMEM, "out of memory");
+        }
+        for (size_t i = 0; i < st->n; i++) {
+            names[i] = st->t[i].name;
+            ptrs[i] = &names[i];
+        }
+        qsort(ptrs, st->n, sizeof *ptrs, cmp_name_ptr);
+        const char *dup = NULL;
+        for (size_t i = 1; i < st->n && !dup; i++)
+            if (!strcmp(*ptrs[i - 1], *ptrs[i])) dup = *ptrs[i];
+        tps_err rc = dup ? tps_fail(p->ctx, TPS_E_FORMAT, "%s: duplicate tensor name '%s'", p->label, dup) : TPS_OK;
+        free(names);
+        free(ptrs);
+        if (rc) return rc;
+    }
+    return TPS_OK;
 }
 
 static int cmp_by_offset(const void *a, const void *b)
@@ -71,146 +521,31 @@ static int cmp_by_offset(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-static tps_err parse_metadata(tps_ctx *ctx, const char *label, const cJSON *m, tps_st *st)
-{
-    if (!cJSON_IsObject(m))
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: __metadata__ must be an object of strings", label);
-    if (cJSON_GetObjectItemCaseSensitive(m, "data_offsets") ||
-        (cJSON_GetObjectItemCaseSensitive(m, "dtype") && cJSON_GetObjectItemCaseSensitive(m, "shape")))
-        return tps_fail(ctx, TPS_E_FORMAT,
-                        "%s: a tensor may not be named __metadata__ (the name is reserved)", label);
-    const char *dup = tps_json_dup_key(m);
-    if (dup) return tps_fail(ctx, TPS_E_FORMAT, "%s: __metadata__: duplicate key '%s'", label, dup);
-    size_t n = (size_t)cJSON_GetArraySize(m);
-    st->mkeys = tps_xcalloc(n, sizeof(char *));
-    st->mvals = tps_xcalloc(n, sizeof(char *));
-    if (!st->mkeys || !st->mvals) return tps_fail(ctx, TPS_E_NOMEM, "%s: out of memory", label);
-    for (const cJSON *c = m->child; c; c = c->next) {
-        if (!cJSON_IsString(c))
-            return tps_fail(ctx, TPS_E_FORMAT,
-                            "%s: __metadata__ value for '%s' is not a string (metadata is "
-                            "string to string only)",
-                            label, c->string);
-        st->mkeys[st->nmeta] = tps_strdup(c->string);
-        st->mvals[st->nmeta] = tps_strdup(c->valuestring);
-        st->nmeta++;
-    }
-    return TPS_OK;
-}
-
-static tps_err parse_tensor(tps_ctx *ctx, const char *label, const cJSON *c, tps_st_tensor_info *t)
-{
-    const char *name = c->string;
-    if (!cJSON_IsObject(c))
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': entry is not a JSON object", label, name);
-    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(c, "dtype");
-    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(c, "shape");
-    const cJSON *of = cJSON_GetObjectItemCaseSensitive(c, "data_offsets");
-    if (!dt) return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': missing dtype", label, name);
-    if (!sh) return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': missing shape", label, name);
-    if (!of) return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': missing data_offsets", label, name);
-    if (!cJSON_IsString(dt))
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': dtype is not a string", label, name);
-    if (tps_dtype_from_name(dt->valuestring, &t->dtype) != 0)
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': unknown dtype '%.64s'", label, name,
-                        dt->valuestring);
-    if (!cJSON_IsArray(sh))
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': shape is not an array", label, name);
-    int nd = cJSON_GetArraySize(sh);
-    if (nd > TPS_MAX_DIMS)
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': %d dimensions, more than the %d supported",
-                        label, name, nd, TPS_MAX_DIMS);
-    t->ndim = 0;
-    for (const cJSON *d = sh->child; d; d = d->next) {
-        if (!json_uint(d, &t->shape[t->ndim]))
-            return tps_fail(ctx, TPS_E_FORMAT,
-                            "%s: tensor '%s': shape[%d] is not a non-negative integer", label, name,
-                            t->ndim);
-        t->ndim++;
-    }
-    if (!cJSON_IsArray(of) || cJSON_GetArraySize(of) != 2 || !json_uint(of->child, &t->begin) ||
-        !json_uint(of->child->next, &t->end))
-        return tps_fail(ctx, TPS_E_FORMAT,
-                        "%s: tensor '%s': data_offsets must be two non-negative integers [begin, end]",
-                        label, name);
-    if (t->begin > t->end)
-        return tps_fail(ctx, TPS_E_FORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu",
-                        label, name, (unsigned long long)t->begin, (unsigned long long)t->end);
-    int ovf, mis;
-    uint64_t nb = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
-    if (ovf)
-        return tps_fail(ctx, TPS_E_FORMAT,
-                        "%s: tensor '%s': size overflow computing bytes from shape and dtype", label,
-                        name);
-    if (mis)
-        return tps_fail(ctx, TPS_E_FORMAT,
-                        "%s: tensor '%s': %s element count does not fill whole bytes (misaligned "
-                        "sub-byte tensor)",
-                        label, name, tps_dtype_name(t->dtype));
-    if (t->end - t->begin != nb)
-        return tps_fail(ctx, TPS_E_FORMAT,
-                        "%s: tensor '%s': data_offsets span %llu bytes but shape and dtype %s need "
-                        "%llu (size mismatch)",
-                        label, name, (unsigned long long)(t->end - t->begin),
-                        tps_dtype_name(t->dtype), (unsigned long long)nb);
-    t->name = tps_strdup(name);
-    return t->name ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-}
-
 tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, size_t n,
                             uint64_t file_size, tps_st **out)
 {
     tps_err rc = TPS_OK;
-    cJSON *root = NULL;
     tps_st *st = tps_xcalloc(1, sizeof *st);
-    char *jlabel = tps_asprintf("%s: header", label);
-    if (!st || !jlabel) {
-        rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-        goto out;
-    }
+    if (!st) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     st->path = tps_strdup(label);
     st->file_size = file_size;
     st->raw = tps_xmalloc(n + 1);
-    if (!st->raw) {
-        rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-        goto out;
-    }
+    TPS_FAIL_IF(!st->path || !st->raw, ctx, TPS_E_NOMEM, "out of memory");
     memcpy(st->raw, json, n);
     st->raw[n] = 0;
     st->raw_len = n;
     st->data_start = 8 + (uint64_t)n;
-    if (!tps_utf8_valid(json, n)) {
-        rc = tps_fail(ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);
-        goto out;
-    }
-    rc = tps_json_parse(ctx, jlabel, json, n, &root);
-    if (rc) {
-        rc = TPS_E_FORMAT;
-        goto out;
-    }
-    TPS_FAIL_IF(!cJSON_IsObject(root), ctx, TPS_E_FORMAT, "%s: header is not a JSON object", label);
-    const char *dup = tps_json_dup_key(root);
-    TPS_FAIL_IF(dup, ctx, TPS_E_FORMAT, "%s: duplicate tensor name '%s'", label, dup);
-    size_t cnt = (size_t)cJSON_GetArraySize(root);
-    st->t = tps_xcalloc(cnt, sizeof *st->t);
-    TPS_FAIL_IF(!st->t, ctx, TPS_E_NOMEM, "%s: out of memory for %zu tensors", label, cnt);
-    for (const cJSON *c = root->child; c; c = c->next) {
-        if (strcmp(c->string, "__metadata__") == 0) {
-            TPS_CHECK(parse_metadata(ctx, label, c, st));
-            continue;
-        }
-        TPS_CHECK(parse_tensor(ctx, label, c, &st->t[st->n]));
-        st->n++;
-    }
+    TPS_FAIL_IF(!tps_utf8_valid(json, n), ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);
+    jp p = {.s = json, .n = n, .i = 0, .ctx = ctx, .label = label};
+    TPS_CHECK(parse_top(&p, st));
     qsort(st->t, st->n, sizeof *st->t, cmp_by_offset);
     uint64_t pos = 0;
     for (size_t i = 0; i < st->n; i++) {
         const tps_st_tensor_info *t = &st->t[i];
-        if (t->begin < pos)
-            TPS_FAIL_IF(1, ctx, TPS_E_FORMAT,
-                        "%s: tensor '%s': data_offsets [%llu, %llu] overlap the previous tensor '%s'",
-                        label, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                        st->t[i - 1].name);
+        TPS_FAIL_IF(t->begin < pos, ctx, TPS_E_FORMAT,
+                    "%s: tensor '%s': data_offsets [%llu, %llu] overlap the previous tensor '%s'",
+                    label, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
+                    i ? st->t[i - 1].name : "");
         TPS_FAIL_IF(t->begin > pos, ctx, TPS_E_FORMAT,
                     "%s: tensor '%s': gap of %llu bytes before its data_offsets (offsets must be "
                     "contiguous from 0)",
@@ -228,8 +563,6 @@ tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, s
                 "data_offsets)",
                 label, (unsigned long long)(file_size - end));
 out:
-    cJSON_Delete(root);
-    free(jlabel);
     if (rc) {
         tps_st_free(st);
         st = NULL;
