@@ -22,6 +22,8 @@ LDLIBS  += $(PKG_LIBS) -lm -lpthread
 ifeq ($(OPENMP),1)
 CFLAGS  += -fopenmp
 LDFLAGS += -fopenmp
+else
+CFLAGS  += -Wno-unknown-pragmas
 endif
 ifneq ($(SANITIZE),)
 CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=all

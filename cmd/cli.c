@@ -84,8 +84,15 @@ int cli_usage_error(const char *usage, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "tpshard: %s\n", msg);
     const char *nl = strchr(usage, '\n');
-    fprintf(stderr, "%.*s\nTry '%s -h' for more.\n", nl ? (int)(nl - usage) : (int)strlen(usage),
-            usage, "tpshard <command>");
+    /* "usage: tpshard split MODEL ..." -> "tpshard split" */
+    const char *cmd = strstr(usage, "tpshard ");
+    int clen = 0;
+    if (cmd) {
+        const char *sp = strchr(cmd + 8, ' ');
+        clen = sp ? (int)(sp - cmd) : (int)strlen(cmd);
+    }
+    fprintf(stderr, "%.*s\nTry '%.*s -h' for more.\n", nl ? (int)(nl - usage) : (int)strlen(usage),
+            usage, cmd ? clen : 7, cmd ? cmd : "tpshard");
     return 2;
 }
 

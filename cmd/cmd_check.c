@@ -28,7 +28,7 @@ int cmd_check(int argc, char **argv)
         case 'q': g_display = 0; break;
         case 'v': g_display++; break;
         case 'h': fputs(usage_check, stdout); return 0;
-        default: return cli_usage_error(usage_check, "check: bad option");
+        default: return cli_usage_error(usage_check, "check: unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_check, "check: give exactly one DIR");

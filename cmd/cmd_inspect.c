@@ -56,7 +56,7 @@ int cmd_inspect(int argc, char **argv)
         case 'q': g_display = 0; break;
         case 'v': g_display++; break;
         case 'h': fputs(usage_inspect, stdout); return 0;
-        default: return cli_usage_error(usage_inspect, "inspect: bad option");
+        default: return cli_usage_error(usage_inspect, "inspect: unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_inspect, "inspect: give exactly one MODEL");

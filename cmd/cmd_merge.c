@@ -34,7 +34,7 @@ int cmd_merge(int argc, char **argv)
         case 'q': g_display = 0; break;
         case 'v': g_display++; break;
         case 'h': fputs(usage_merge, stdout); return 0;
-        default: return cli_usage_error(usage_merge, "merge: bad option");
+        default: return cli_usage_error(usage_merge, "merge: unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_merge, "merge: give exactly one DIR");

@@ -230,7 +230,7 @@ int cmd_plan(int argc, char **argv)
         case 'q': g_display = 0; break;
         case 'v': g_display++; break;
         case 'h': fputs(usage_plan, stdout); return 0;
-        default: return cli_usage_error(usage_plan, "plan: bad option");
+        default: return cli_usage_error(usage_plan, "plan: unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (list) return list_plans();

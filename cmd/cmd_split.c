@@ -64,7 +64,7 @@ int cmd_split(int argc, char **argv)
         case 'q': g_display = 0; break;
         case 'v': g_display++; break;
         case 'h': fputs(usage_split, stdout); return 0;
-        default: return cli_usage_error(usage_split, "split: bad option");
+        default: return cli_usage_error(usage_split, "split: unknown option or missing value: '%s'", argv[optind - 1]);
         }
     }
     if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");

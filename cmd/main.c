@@ -1,5 +1,6 @@
 /* main.c - the subcommand table (after git's commands[]), --version, -h, and
  * the signal handlers that turn SIGINT/SIGTERM into a clean stop. */
+#include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -41,6 +42,7 @@ static int version(void)
     char info[512];
     printf("tpshard %s\n", tps_version());
     printf("backends: %s\n", tps_backends_built());
+    printf("features: %s\n", tps_build_features());
     if (tps_backend_runtime_info(info, sizeof info) == TPS_OK) printf("runtime: %s\n", info);
     printf("built-in plans:");
     for (size_t i = 0; i < tps_plan_builtin_count(); i++) printf(" %s", tps_plan_builtin_name(i));
@@ -60,6 +62,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!strcmp(c, "--version") || !strcmp(c, "-V") || !strcmp(c, "version")) return version();
+    opterr = 0; /* the subcommands report bad options themselves, with the usage */
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_signal;

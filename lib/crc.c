@@ -117,3 +117,17 @@ uint32_t tps_crc32_zlib(uint32_t crc, const void *data, size_t len)
 {
     return (uint32_t)crc32_z(crc, (const unsigned char *)data, len);
 }
+
+const char *tps_build_features(void)
+{
+#ifdef _OPENMP
+#define TPS_F_OMP "openmp"
+#else
+#define TPS_F_OMP "no-openmp"
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    return have_clmul() ? TPS_F_OMP " crc32-pclmul" : TPS_F_OMP " crc32-zlib";
+#else
+    return TPS_F_OMP " crc32-zlib";
+#endif
+}

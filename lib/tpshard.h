@@ -287,7 +287,9 @@ double tps_verify_report_seconds(const tps_verify_report *r);
 uint64_t tps_verify_report_bytes(const tps_verify_report *r);   /* shard bytes verified */
 
 /* Which backends were built in, and runtime versions when available. */
-const char *tps_backends_built(void);                  /* e.g. "cpu" or "cpu cuda nccl" */
+const char *tps_backends_built(void);
+/* Optional features compiled in, e.g. "openmp pclmul-crc32". */
+const char *tps_build_features(void);                  /* e.g. "cpu" or "cpu cuda nccl" */
 tps_err tps_backend_runtime_info(char *buf, size_t len); /* driver/runtime/NCCL versions */
 
 #ifdef __cplusplus
