@@ -17,9 +17,6 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #define CHUNK (4u << 20) /* bytes a task moves; two buffers of it per thread */
 #define SUB (256u << 10) /* bytes moved per read/CRC/write step of a contiguous task */
@@ -69,6 +66,7 @@ typedef struct {
     uint64_t total, done;
     volatile int failed;
     tps_err err;
+    int reporting;   /* a thread is in the progress callback */
     cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
 } engine;
 
@@ -253,12 +251,11 @@ static void run_all(engine *E)
             if (tk->kind == TASK_ROWS)
                 for (int r = 0; r < E->tp; r++) moved += E->crclen[tk->crc0 + (size_t)r];
             uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
-#ifdef _OPENMP
-            if (omp_get_thread_num() == 0)
-#endif
-                if (E->ctx->progress)
-                    E->ctx->progress(E->ctx->progress_user, done, E->total,
-                                     E->ck->t[tk->t].name);
+            /* One caller at a time, whichever thread is free. */
+            if (E->ctx->progress && !__atomic_exchange_n(&E->reporting, 1, __ATOMIC_ACQUIRE)) {
+                E->ctx->progress(E->ctx->progress_user, done, E->total, E->ck->t[tk->t].name);
+                __atomic_store_n(&E->reporting, 0, __ATOMIC_RELEASE);
+            }
         }
         free(in);
         free(out);
@@ -749,6 +746,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         rc = E.err;
         goto out;
     }
+    if (ctx->progress) ctx->progress(ctx->progress_user, E.done, E.total, NULL);
     TPS_CHECK(tps_ckpt_recheck(ctx, ck));
     combine_crcs(&E);
     for (size_t i = 0; i < E.nfiles; i++) {
