@@ -65,11 +65,13 @@ FORCE:
 lib/plans_gen.c: $(PLANS) tools/embed.sh
 	sh tools/embed.sh $(PLANS) > $@.tmp && mv $@.tmp $@
 
-build/%.o: %.c lib/tpshard.h lib/internal.h build/.flags
+HEADERS := $(wildcard lib/*.h cmd/*.h)
+
+build/%.o: %.c $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
-build/lib/verify_cuda.o: lib/verify_cuda.cu lib/verify_cuda.h lib/comm.h build/.flags
+build/lib/verify_cuda.o: lib/verify_cuda.cu $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Ilib $(PKG_CFLAGS) -I$(NCCL_HOME)/include -Xcompiler -fPIC \
 	  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -c $< -o $@

@@ -17,7 +17,7 @@ const char usage_verify[] =
     "(colwise: per-rank X W_r^T + b_r, all-gather; rowwise: per-rank X_r W_r^T,\n"
     "all-reduce, bias once), each vocab-sharded embedding (lookups, all-reduce,\n"
     "exact) and, per layer, the MLP (gate/up colwise -> SiLU(gate)*up -> down\n"
-    "rowwise) and attention (q colwise -> o rowwise) blocks, in f32, and are\n"
+    "rowwise) and attention (q colwise -> o rowwise) blocks, in f32; results are\n"
     "compared with the unsharded products of the source. Tolerance per output:\n"
     "2 gamma(n) sum|x w| with gamma(n) = n u / (1 - n u), u = 2^-24, n = reduction\n"
     "length + tp; embeddings must match exactly.\n"
