@@ -82,7 +82,7 @@ int cli_usage_error(const char *usage, const char *fmt, ...)
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "tpshard: %s\n", msg);
+    fprintf(stderr, "tpshard: error: %s\n", msg);
     const char *nl = strchr(usage, '\n');
     /* "usage: tpshard split MODEL ..." -> "tpshard split" */
     const char *cmd = strstr(usage, "tpshard ");

@@ -122,7 +122,7 @@ static int cmp_tensor_name(const void *a, const void *b)
 
 static tps_err sort_and_dedup(tps_ctx *ctx, tps_ckpt *ck)
 {
-    qsort(ck->t, ck->n, sizeof *ck->t, cmp_tensor_name);
+    if (ck->n > 1) qsort(ck->t, ck->n, sizeof *ck->t, cmp_tensor_name);
     for (size_t i = 1; i < ck->n; i++)
         if (strcmp(ck->t[i - 1].name, ck->t[i].name) == 0)
             return tps_fail(ctx, TPS_E_INDEX, "%s: tensor '%s' is in both %s and %s", ck->path,

@@ -538,7 +538,7 @@ tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, s
     TPS_FAIL_IF(!tps_utf8_valid(json, n), ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);
     jp p = {.s = json, .n = n, .i = 0, .ctx = ctx, .label = label};
     TPS_CHECK(parse_top(&p, st));
-    qsort(st->t, st->n, sizeof *st->t, cmp_by_offset);
+    if (st->n > 1) qsort(st->t, st->n, sizeof *st->t, cmp_by_offset);
     uint64_t pos = 0;
     for (size_t i = 0; i < st->n; i++) {
         const tps_st_tensor_info *t = &st->t[i];

@@ -532,7 +532,7 @@ static style_ent *style_index(const tps_ckpt *ck, size_t *n)
         }
         if (name && k < cnt) v[k++] = (style_ent){name, e};
     }
-    qsort(v, k, sizeof *v, style_cmp);
+    if (k > 1) qsort(v, k, sizeof *v, style_cmp);
     *n = k;
     return v;
 }

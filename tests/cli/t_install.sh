@@ -21,8 +21,10 @@ cat > "$T/use.c" <<'C'
 #include <tpshard.h>
 int main(void) { printf("%s %s\n", tps_version(), tps_dtype_name(TPS_BF16)); return 0; }
 C
+# An instrumented build (make test SANITIZE=...) needs the same flags to link.
+san=""; [ -n "${SANITIZE:-}" ] && san="-fsanitize=$SANITIZE"
 PKG_CONFIG_PATH="$D/usr/local/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$D" \
-  cc "$T/use.c" -o "$T/use" $(PKG_CONFIG_PATH="$D/usr/local/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$D" \
+  cc $san "$T/use.c" -o "$T/use" $(PKG_CONFIG_PATH="$D/usr/local/lib/pkgconfig" PKG_CONFIG_SYSROOT_DIR="$D" \
   pkg-config --cflags --libs --static tpshard) 2>"$ERR" && "$T/use" | grep -q BF16 &&
   ok "a program builds against the installed library via pkg-config" || { notok "pkg-config build"; diag "$ERR"; }
 
