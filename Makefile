@@ -98,6 +98,7 @@ tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama
 
 # The README's test command. Ends with one line "N passed, M failed".
 test: check-deps tests-bin
+	@sh tools/deps.sh test
 	@sh tests/run.sh
 
 test-valgrind: check-deps tests-bin

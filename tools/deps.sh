@@ -6,6 +6,11 @@ pkg-config --exists yaml-0.1 2>/dev/null || missing="$missing libyaml-dev"
 pkg-config --exists zlib 2>/dev/null || missing="$missing zlib1g-dev"
 command -v pkg-config >/dev/null 2>&1 || missing="pkg-config $missing"
 command -v cc >/dev/null 2>&1 || missing="$missing build-essential"
+# make test also runs Python oracles (conformance checker, generators, venv).
+if [ "${1:-}" = test ]; then
+  command -v python3 >/dev/null 2>&1 || missing="$missing python3"
+  python3 -c 'import ensurepip, venv' >/dev/null 2>&1 || missing="$missing python3-venv"
+fi
 [ -z "$missing" ] && exit 0
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "tpshard: installing missing build dependencies:$missing" >&2
