@@ -22,7 +22,7 @@ diag() { sed 's/^/#   /' "$@" | head -n 20; }
 # TPS_TIMEOUT is set (a hang becomes exit 124).
 tps() {
   if [ "${VALGRIND:-0}" = 1 ]; then
-    valgrind -q --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite \
+    valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \
       "$TPSHARD" "$@"
   elif [ -n "${TPS_TIMEOUT:-}" ]; then
     timeout "$TPS_TIMEOUT" "$TPSHARD" "$@"
