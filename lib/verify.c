@@ -843,15 +843,11 @@ static char *check_bias(vctx *V, vunit *u)
     return NULL;
 }
 
+/* V->blk is sized once by find_blocks (one block per unit at most) and never
+ * moves: units keep pointers into it (feeds, cons_of). */
 static vblock *add_block(vctx *V)
 {
-    if (V->nblk == V->blk_cap) {
-        size_t nc = V->blk_cap ? V->blk_cap * 2 : 16;
-        vblock *nb = realloc(V->blk, nc * sizeof *nb);
-        if (!nb) return NULL;
-        V->blk = nb;
-        V->blk_cap = nc;
-    }
+    if (V->nblk == V->blk_cap) return NULL;
     vblock *b = &V->blk[V->nblk++];
     memset(b, 0, sizeof *b);
     atomic_init(&b->ready, 0);
@@ -884,6 +880,9 @@ static const char *short_name(const vunit *u)
  * cannot run numerically are added right away (structure only). */
 static tps_err find_blocks(vctx *V)
 {
+    V->blk_cap = V->nu ? V->nu : 1;
+    V->blk = calloc(V->blk_cap, sizeof *V->blk);
+    if (!V->blk) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
     for (size_t i = 0; i < V->nu; i++) {
         vunit *u = &V->u[i];
         const char *nm = u->ct->name;

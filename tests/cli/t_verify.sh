@@ -231,4 +231,13 @@ if tps --version 2>/dev/null | grep -q '^backends: cpu$'; then
   done
 fi
 
+# Many layers: more blocks than the first allocation held (a crash once).
+gen llama "$T/deep" --layers 20 --hidden 32 --heads 4 --kv-heads 4 --inter 40 --vocab 50 >/dev/null
+if tps split "$T/deep" --tp 2 -o "$T/deep2" -q 2>"$ERR"; then
+  expect_exit 0 "verify a 20-layer model (40 blocks)" -- tps verify "$T/deep2" --source "$T/deep"
+  expect_stdout_has "verify: PASS" "20-layer model passes"
+else
+  notok "split a 20-layer model"; diag "$ERR"
+fi
+
 finish
