@@ -22,6 +22,23 @@ static tps_err open_sharded_dir(tps_ctx *ctx, const char *dir, tps_ckpt **ck)
     return tps_ckpt_open(ctx, dir, ck);
 }
 
+/* "1,2,5": the ranks with no file here, into buf; returns how many are present. */
+static int missing_ranks(const tps_ckpt *ck, char *buf, size_t len)
+{
+    size_t ml = 0;
+    int present = 0;
+    buf[0] = 0;
+    for (int r = 0; r < ck->tp; r++) {
+        if (ck->rank_present[r]) {
+            present++;
+            continue;
+        }
+        int w = snprintf(buf + ml, len - ml, "%s%d", ml ? "," : "", r);
+        if (w > 0 && ml + (size_t)w < len) ml += (size_t)w;
+    }
+    return present;
+}
+
 typedef struct {
     size_t t;
     int piece;
@@ -127,15 +144,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
     res->tp = ck->tp;
     res->files_checked = (int)ck->nfiles;
-    size_t ml = 0;
-    for (int r = 0; r < ck->tp; r++) {
-        if (ck->rank_present[r]) {
-            res->ranks_present++;
-            continue;
-        }
-        int w = snprintf(res->missing_ranks + ml, sizeof res->missing_ranks - ml, "%s%d", ml ? "," : "", r);
-        if (w > 0 && ml + (size_t)w < sizeof res->missing_ranks) ml += (size_t)w;
-    }
+    res->ranks_present = missing_ranks(ck, res->missing_ranks, sizeof res->missing_ranks);
     TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
@@ -330,14 +339,9 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     tps_err rc = TPS_OK;
     if (files_written) *files_written = 0;
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
-    char missing[256] = "";
-    size_t ml = 0;
-    for (int r = 0; r < ck->tp; r++)
-        if (!ck->rank_present[r]) {
-            int w = snprintf(missing + ml, sizeof missing - ml, "%s%d", ml ? "," : "", r);
-            if (w > 0 && ml + (size_t)w < sizeof missing) ml += (size_t)w;
-        }
-    TPS_FAIL_IF(ml, ctx, TPS_E_MISMATCH, "%s: cannot merge: rank(s) %s are missing", dir, missing);
+    char missing[256];
+    TPS_FAIL_IF(missing_ranks(ck, missing, sizeof missing) < ck->tp, ctx, TPS_E_MISMATCH,
+                "%s: cannot merge: rank(s) %s are missing", dir, missing);
     /* Replicas must agree before one is taken. */
     bufa = tps_xmalloc(CHUNK / 2);
     bufb = tps_xmalloc(CHUNK / 2);
