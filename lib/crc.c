@@ -11,44 +11,18 @@
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 
-__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_fold(const unsigned char *buf, size_t len,
-                                                                   uint32_t crc)
+/* Both folds end the same way: 64 bytes of state (x1..x4, consecutive
+ * 16-byte blocks) folded to 128 bits, the remaining 16-byte blocks folded in,
+ * then 128 -> 64 -> 32 bits by Barrett reduction. len < 256, a multiple of 16. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t fold_finish(__m128i x1, __m128i x2,
+                                                                      __m128i x3, __m128i x4,
+                                                                      const unsigned char *buf,
+                                                                      size_t len)
 {
-    /* len >= 64 and a multiple of 16; crc is the pre-inverted state. */
-    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
     const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
     const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124);
     const __m128i poly = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
-
-    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
-    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
-    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
-    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
-    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
-    x0 = k1k2;
-    buf += 64;
-    len -= 64;
-    while (len >= 64) {
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
-        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
-        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
-        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
-        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
-        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
-        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
-        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
-        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
-        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
-        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
-        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
-        buf += 64;
-        len -= 64;
-    }
+    __m128i x0, x5;
     /* Fold 512 bits into 128. */
     x0 = k3k4;
     x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
@@ -88,6 +62,44 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_fold(const unsigned
     return (uint32_t)_mm_extract_epi32(x1, 1);
 }
 
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_fold(const unsigned char *buf, size_t len,
+                                                                   uint32_t crc)
+{
+    /* len >= 64 and a multiple of 16; crc is the pre-inverted state. */
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    x0 = k1k2;
+    buf += 64;
+    len -= 64;
+    while (len >= 64) {
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+        buf += 64;
+        len -= 64;
+    }
+    return fold_finish(x1, x2, x3, x4, buf, len);
+}
+
 /* The same fold four times wider: four zmm registers hold 256 bytes, each
  * 128-bit lane folds across 2048 bits (constants x^(2048+32) and x^(2048-32)
  * mod P, bit-reflected and shifted, derived as the 512-bit ones above), then
@@ -120,46 +132,12 @@ crc_fold512(const unsigned char *buf, size_t len, uint32_t crc)
     z2 = FOLD512(z1, k512, z2);
     z3 = FOLD512(z2, k512, z3);
 #undef FOLD512
-    __m128i x0, x1, x2, x3, x4, x5;
+    __m128i x1, x2, x3, x4;
     x1 = _mm512_extracti32x4_epi32(z3, 0);
     x2 = _mm512_extracti32x4_epi32(z3, 1);
     x3 = _mm512_extracti32x4_epi32(z3, 2);
     x4 = _mm512_extracti32x4_epi32(z3, 3);
-    /* From here on, exactly the 128-bit path's tail. */
-    x0 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
-    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
-    while (len >= 16) {
-        x2 = _mm_loadu_si128((const __m128i *)buf);
-        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
-        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
-        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
-        buf += 16;
-        len -= 16;
-    }
-    x2 = _mm_clmulepi64_si128(x1, x0, 0x10);
-    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
-    x1 = _mm_srli_si128(x1, 8);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = _mm_set_epi64x(0, 0x0163cd6124);
-    x2 = _mm_srli_si128(x1, 4);
-    x1 = _mm_and_si128(x1, x3);
-    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    x0 = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    x2 = _mm_and_si128(x1, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
-    x2 = _mm_and_si128(x2, x3);
-    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
-    x1 = _mm_xor_si128(x1, x2);
-    return (uint32_t)_mm_extract_epi32(x1, 1);
+    return fold_finish(x1, x2, x3, x4, buf, len);
 }
 
 static int have_vpclmul(void)
@@ -184,23 +162,32 @@ static int have_clmul(void)
 }
 #endif
 
-uint32_t tps_crc32(uint32_t crc, const void *data, size_t len)
+/* impl: 0 zlib, 1 PCLMULQDQ, 2 VPCLMULQDQ; one the CPU lacks falls back to
+ * the next simpler one. Tests check each against zlib. */
+uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len)
 {
     const unsigned char *buf = data;
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-    if (len >= 256 && have_vpclmul()) {
+    if (impl >= 2 && len >= 256 && have_vpclmul()) {
         size_t n = len & ~(size_t)15;
         crc = ~crc_fold512(buf, n, ~crc);
         buf += n;
         len -= n;
-    } else if (len >= 64 && have_clmul()) {
+    } else if (impl >= 1 && len >= 64 && have_clmul()) {
         size_t n = len & ~(size_t)15;
         crc = ~crc_fold(buf, n, ~crc);
         buf += n;
         len -= n;
     }
+#else
+    (void)impl;
 #endif
     return (uint32_t)crc32_z(crc, buf, len);
+}
+
+uint32_t tps_crc32(uint32_t crc, const void *data, size_t len)
+{
+    return tps_crc32_impl(2, crc, data, len);
 }
 
 uint32_t tps_crc32_zlib(uint32_t crc, const void *data, size_t len)

@@ -84,6 +84,8 @@ const cJSON *tps_config_get(const cJSON *config, const char *field);
 /* CRC32 as zlib's crc32_z computes it, faster where the CPU allows. */
 uint32_t tps_crc32(uint32_t crc, const void *data, size_t len);
 uint32_t tps_crc32_zlib(uint32_t crc, const void *data, size_t len); /* reference */
+/* One implementation: 0 zlib, 1 PCLMULQDQ, 2 VPCLMULQDQ (tests). */
+uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len);
 
 /* ------------------------------------------------------------------ dtype */
 
