@@ -48,6 +48,17 @@ for case in llama-tp3 qwen2-tp2-bias-sharded-input gemma4-e-tp2; do
     ok "merge(split($case)) == source, config copied" || { notok "round trip $case"; diag "$ERR"; }
 done
 
+# Sub-byte F4: shards that cut inside a byte are refused, naming the tensor;
+# shards on byte boundaries round-trip.
+gen llama "$T/f4bad" --dtype F4 --hidden 20 --heads 2 --kv-heads 2 --inter 14 --vocab 10 >/dev/null
+expect_exit 1 "F4 shards that would cut a byte are refused" -- tps split "$T/f4bad" --tp 2 -o "$T/f4bad2"
+expect_stderr_has "byte boundary" "the F4 refusal names the rule"
+[ ! -e "$T/f4bad2" ] && ok "the refused F4 split wrote nothing" || notok "the refused F4 split wrote something"
+gen llama "$T/f4" --dtype F4 --hidden 20 --heads 2 --kv-heads 2 --inter 12 --vocab 12 >/dev/null
+rm -rf "$T/s" "$T/m"
+tps split "$T/f4" --tp 2 -o "$T/s" -q 2>"$ERR" && tps merge "$T/s" -o "$T/m" -q 2>>"$ERR" &&
+  same_files "$T/f4" "$T/m" && ok "F4 on byte boundaries: merge(split(x)) == x" || { notok "F4 round trip"; diag "$ERR"; }
+
 # Reshard: split(split(x, 8), 4) == split(x, 4), file by file.
 rm -rf "$T/s8" "$T/s4" "$T/s84"
 gen llama "$T/big" --hidden 64 --heads 8 --kv-heads 8 --inter 96 --vocab 250 --seed 3 >/dev/null
