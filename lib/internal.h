@@ -291,5 +291,6 @@ void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
 
 #define TPS_MANIFEST "tpshard.json"
 #define TPS_MANIFEST_FORMAT 1
+#define TPS_MAX_MANIFEST_ENTRIES 1048576 /* tensors x tp */
 
 #endif

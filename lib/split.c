@@ -422,134 +422,201 @@ out:
 
 /* ------------------------------------------------------------------ manifest */
 
-static cJSON *num_arr(const uint64_t *v, int n)
+/* The manifest is streamed, one tensor a line: a tree of every (tensor,
+ * rank) entry grew with tensors x tp (4.4 GB for a million tensors at tp 2). */
+static void mw_str(FILE *f, const char *s)
 {
-    cJSON *a = cJSON_CreateArray();
-    for (int i = 0; i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber((double)v[i]));
-    return a;
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", f); break;
+        case '\\': fputs("\\\\", f); break;
+        case '\n': fputs("\\n", f); break;
+        case '\r': fputs("\\r", f); break;
+        case '\t': fputs("\\t", f); break;
+        case '\b': fputs("\\b", f); break;
+        case '\f': fputs("\\f", f); break;
+        default:
+            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
+            else fputc(*p, f);
+        }
+    }
+    fputc('"', f);
+}
+
+static void mw_json(FILE *f, const cJSON *item)
+{
+    char *t = item ? cJSON_PrintUnformatted(item) : NULL;
+    fputs(t ? t : "{}", f);
+    free(t);
+}
+
+static void mw_shape(FILE *f, const uint64_t *v, int n)
+{
+    fputc('[', f);
+    for (int i = 0; i < n; i++) fprintf(f, "%s%llu", i ? "," : "", (unsigned long long)v[i]);
+    fputc(']', f);
+}
+
+static const char *base_name(const char *p)
+{
+    const char *b = strrchr(p, '/');
+    return b ? b + 1 : p;
+}
+
+static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
+{
+    const tps_ckpt *ck = E->ck;
+    static const char *const kinds[] = {"file", "dir", "index", "sharded"};
+    fprintf(f, "{\n\"format\": \"tpshard\",\n\"version\": %d,\n\"tool\": \"tpshard " TPS_VERSION_STRING
+               "\",\n\"tp\": %d,\n\"plan\": {\"name\": ",
+            TPS_MANIFEST_FORMAT, E->tp);
+    mw_str(f, tps_plan_name(E->L->plan));
+    fputs(", \"source\": ", f);
+    mw_str(f, plan_source);
+    fputs("},\n\"source\": {\"kind\": ", f);
+    mw_str(f, kinds[ck->kind]);
+    fputs(", \"stem\": ", f);
+    mw_str(f, ck->stem);
+    if (ck->index_name) {
+        fputs(", \"index\": ", f);
+        mw_str(f, ck->index_name);
+    }
+    if (ck->index_meta) {
+        fputs(", \"index_metadata\": ", f);
+        mw_json(f, ck->index_meta);
+    }
+    fputs(", \"files\": [", f);
+    for (size_t i = 0; i < ck->norigins; i++) {
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        mw_str(f, ck->origins[i]);
+        fputs(", \"metadata\": ", f);
+        mw_json(f, cJSON_GetObjectItemCaseSensitive(ck->origin_meta, ck->origins[i]));
+        /* The original header, so merge gives back the file byte for byte
+         * even when it was not written in the reference layout. */
+        const cJSON *hd = cJSON_GetObjectItemCaseSensitive(ck->origin_header, ck->origins[i]);
+        if (cJSON_IsString(hd)) {
+            fputs(", \"header\": ", f);
+            mw_str(f, hd->valuestring);
+        }
+        fputc('}', f);
+    }
+    fputs("]},\n\"ranks_written\": [", f);
+    int first = 1;
+    for (int r = 0; r < E->tp; r++)
+        if (E->write[r] || theirs[r]) {
+            fprintf(f, "%s%d", first ? "" : ", ", r);
+            first = 0;
+        }
+    /* Every planned rank file, written or not, so a directory filled by
+     * several --ranks runs can be checked for what is missing. */
+    fputs("],\n\"files\": [", f);
+    first = 1;
+    for (size_t i = 0; i < E->nfiles; i++) {
+        fputs(first ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
+        first = 0;
+        mw_str(f, base_name(E->files[i].final));
+        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu}", E->files[i].rank,
+                E->files[i].part, (unsigned long long)E->files[i].size);
+    }
+    const cJSON *pfiles = cJSON_GetObjectItemCaseSensitive(E->prev, "files");
+    for (const cJSON *pf = pfiles ? pfiles->child : NULL; pf; pf = pf->next) {
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(pf, "rank");
+        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint])
+            continue;
+        fputs(first ? "\n  " : ",\n  ", f);
+        first = 0;
+        mw_json(f, pf);
+    }
+    fputs("],\n\"tensors\": [", f);
+    const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
+    const cJSON *pt = ptensors ? ptensors->child : NULL;
+    for (size_t ti = 0; ti < ck->n; ti++) {
+        const tps_ctensor *t = &ck->t[ti];
+        int d = E->L->p[ti].dim;
+        fputs(ti ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        mw_str(f, t->name);
+        fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
+        mw_shape(f, t->shape, t->ndim);
+        fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(E->L->p[ti].style));
+        if (d >= 0) fprintf(f, "\"Shard(%d)\"", d);
+        else fputs("\"Replicate\"", f);
+        fprintf(f, ", \"dim\": %d", d);
+        if (E->L->p[ti].rule) {
+            fputs(", \"rule\": ", f);
+            mw_str(f, E->L->p[ti].rule);
+        }
+        fputs(", \"source_file\": ", f);
+        mw_str(f, t->origin);
+        fputs(", \"ranks\": [", f);
+        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
+        if (pt) pt = pt->next;
+        for (int r = 0; r < E->tp; r++) {
+            if (r) fputs(", ", f);
+            if (theirs[r] && cJSON_GetArraySize(pranks) == E->tp) {
+                mw_json(f, cJSON_GetArrayItem(pranks, r));
+                continue;
+            }
+            uint64_t s0 = 0, l = 0, ls[TPS_MAX_DIMS];
+            memcpy(ls, t->shape, sizeof ls);
+            if (d >= 0) {
+                tps_chunk(t->shape[d], E->tp, r, &s0, &l);
+                ls[d] = l;
+            }
+            const oslot *so = &E->slots[ti * (size_t)E->tp + (size_t)r];
+            fprintf(f, "{\"rank\": %d, \"file\": ", r);
+            if (so->file >= 0) {
+                mw_str(f, base_name(E->files[so->file].final));
+            } else {
+                /* Unwritten ranks still get the name their part 0 would have. */
+                fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
+            }
+            fputs(", \"shape\": ", f);
+            mw_shape(f, ls, t->ndim);
+            fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)s0,
+                    (unsigned long long)tps_layout_local_bytes(E->L, ti, r));
+            if (so->file >= 0) fprintf(f, ", \"crc32\": %u", (unsigned)so->crc);
+            fputc('}', f);
+        }
+        fputs("]}", f);
+    }
+    fputs("\n]\n}\n", f);
 }
 
 static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *plan_source)
 {
-    const tps_ckpt *ck = E->ck;
-    cJSON *m = cJSON_CreateObject();
-    cJSON_AddStringToObject(m, "format", "tpshard");
-    cJSON_AddNumberToObject(m, "version", TPS_MANIFEST_FORMAT);
-    cJSON_AddStringToObject(m, "tool", "tpshard " TPS_VERSION_STRING);
-    cJSON_AddNumberToObject(m, "tp", E->tp);
-    cJSON *plan = cJSON_AddObjectToObject(m, "plan");
-    cJSON_AddStringToObject(plan, "name", tps_plan_name(E->L->plan));
-    cJSON_AddStringToObject(plan, "source", plan_source);
-    cJSON *src = cJSON_AddObjectToObject(m, "source");
-    static const char *const kinds[] = {"file", "dir", "index", "sharded"};
-    cJSON_AddStringToObject(src, "kind", kinds[ck->kind]);
-    cJSON_AddStringToObject(src, "stem", ck->stem);
-    if (ck->index_name) cJSON_AddStringToObject(src, "index", ck->index_name);
-    if (ck->index_meta) cJSON_AddItemToObject(src, "index_metadata", cJSON_Duplicate(ck->index_meta, 1));
-    cJSON *sf = cJSON_AddArrayToObject(src, "files");
-    for (size_t i = 0; i < ck->norigins; i++) {
-        cJSON *f = cJSON_CreateObject();
-        cJSON_AddStringToObject(f, "name", ck->origins[i]);
-        const cJSON *md = cJSON_GetObjectItemCaseSensitive(ck->origin_meta, ck->origins[i]);
-        cJSON_AddItemToObject(f, "metadata", md ? cJSON_Duplicate(md, 1) : cJSON_CreateObject());
-        /* The original header, so merge gives back the file byte for byte
-         * even when it was not written in the reference layout. */
-        const cJSON *hd = cJSON_GetObjectItemCaseSensitive(ck->origin_header, ck->origins[i]);
-        if (cJSON_IsString(hd)) cJSON_AddStringToObject(f, "header", hd->valuestring);
-        cJSON_AddItemToArray(sf, f);
-    }
-    /* Ranks earlier --ranks runs wrote here (joining), and what they recorded. */
+    tps_ctx *ctx = E->ctx;
+    tps_err rc = TPS_OK;
+    /* Ranks earlier --ranks runs wrote here (joining): their entries stay. */
     unsigned char *theirs = tps_xcalloc((size_t)E->tp, 1);
-    const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
-    if (!theirs) {
-        cJSON_Delete(m);
-        return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
-    }
+    char *path = tps_path_join(o->out_dir, TPS_MANIFEST);
+    char *tmp = path ? tps_tmp_name(path) : NULL;
+    FILE *f = NULL;
+    TPS_FAIL_IF(!theirs || !path || !tmp, ctx, TPS_E_NOMEM, "out of memory");
     const cJSON *pw = cJSON_GetObjectItemCaseSensitive(E->prev, "ranks_written");
     for (const cJSON *r = pw ? pw->child : NULL; r; r = r->next)
         if (cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp && !E->write[r->valueint])
             theirs[r->valueint] = 1;
-    cJSON *rw = cJSON_AddArrayToObject(m, "ranks_written");
-    for (int r = 0; r < E->tp; r++)
-        if (E->write[r] || theirs[r]) cJSON_AddItemToArray(rw, cJSON_CreateNumber(r));
-    /* Every planned rank file, written or not, so a directory filled by
-     * several --ranks runs can be checked for what is missing. */
-    cJSON *files = cJSON_AddArrayToObject(m, "files");
-    for (size_t i = 0; i < E->nfiles; i++) {
-        cJSON *f = cJSON_CreateObject();
-        const char *b = strrchr(E->files[i].final, '/');
-        cJSON_AddStringToObject(f, "name", b ? b + 1 : E->files[i].final);
-        cJSON_AddNumberToObject(f, "rank", E->files[i].rank);
-        cJSON_AddNumberToObject(f, "part", E->files[i].part);
-        cJSON_AddNumberToObject(f, "bytes", (double)E->files[i].size);
-        cJSON_AddItemToArray(files, f);
+    f = fopen(tmp, "we");
+    TPS_FAIL_IF(!f, ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+    setvbuf(f, NULL, _IOFBF, 1 << 20);
+    mw_body(E, f, plan_source, theirs);
+    int werr = ferror(f) || fflush(f) != 0 ? errno : 0;
+    if (!werr && fsync(fileno(f)) != 0) werr = errno;
+    if (fclose(f) != 0 && !werr) werr = errno;
+    f = NULL;
+    if (werr) {
+        rc = tps_fail(ctx, werr == ENOSPC || werr == EFBIG ? TPS_E_NOSPACE : TPS_E_IO,
+                      "%s: writing the manifest failed: %s", path, strerror(werr ? werr : EIO));
+        goto out;
     }
-    const cJSON *pfiles = cJSON_GetObjectItemCaseSensitive(E->prev, "files");
-    for (const cJSON *f = pfiles ? pfiles->child : NULL; f; f = f->next) {
-        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(f, "rank");
-        if (cJSON_IsNumber(rk) && rk->valueint >= 0 && rk->valueint < E->tp && theirs[rk->valueint])
-            cJSON_AddItemToArray(files, cJSON_Duplicate(f, 1));
-    }
-    const cJSON *pt = ptensors ? ptensors->child : NULL;
-    cJSON *ts = cJSON_AddArrayToObject(m, "tensors");
-    for (size_t ti = 0; ti < ck->n; ti++) {
-        const tps_ctensor *t = &ck->t[ti];
-        int d = E->L->p[ti].dim;
-        cJSON *e = cJSON_CreateObject();
-        cJSON_AddStringToObject(e, "name", t->name);
-        cJSON_AddStringToObject(e, "dtype", tps_dtype_name(t->dtype));
-        cJSON_AddItemToObject(e, "shape", num_arr(t->shape, t->ndim));
-        cJSON_AddStringToObject(e, "style", tps_style_name(E->L->p[ti].style));
-        char pl[32];
-        if (d >= 0) snprintf(pl, sizeof pl, "Shard(%d)", d);
-        else snprintf(pl, sizeof pl, "Replicate");
-        cJSON_AddStringToObject(e, "placement", pl);
-        cJSON_AddNumberToObject(e, "dim", d);
-        if (E->L->p[ti].rule) cJSON_AddStringToObject(e, "rule", E->L->p[ti].rule);
-        cJSON_AddStringToObject(e, "source_file", t->origin);
-        cJSON *ranks = cJSON_AddArrayToObject(e, "ranks");
-        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
-        if (pt) pt = pt->next;
-        for (int r = 0; r < E->tp; r++) {
-            if (theirs[r] && cJSON_GetArraySize(pranks) == E->tp) {
-                cJSON_AddItemToArray(ranks, cJSON_Duplicate(cJSON_GetArrayItem(pranks, r), 1));
-                continue;
-            }
-            cJSON *x = cJSON_CreateObject();
-            uint64_t s = 0, l = 0, ls[TPS_MAX_DIMS];
-            memcpy(ls, t->shape, sizeof ls);
-            if (d >= 0) {
-                tps_chunk(t->shape[d], E->tp, r, &s, &l);
-                ls[d] = l;
-            }
-            cJSON_AddNumberToObject(x, "rank", r);
-            /* Unwritten ranks still get the name their part 0 would have. */
-            const oslot *so = &E->slots[ti * (size_t)E->tp + (size_t)r];
-            char *fn = so->file >= 0 ? NULL : tps_asprintf("model-rank-%d-part-0.safetensors", r);
-            const char *fname = fn;
-            if (so->file >= 0) {
-                const char *b = strrchr(E->files[so->file].final, '/');
-                fname = b ? b + 1 : E->files[so->file].final;
-            }
-            cJSON_AddStringToObject(x, "file", fname ? fname : "");
-            free(fn);
-            cJSON_AddItemToObject(x, "shape", num_arr(ls, t->ndim));
-            cJSON_AddNumberToObject(x, "offset", (double)s);
-            cJSON_AddNumberToObject(x, "nbytes", (double)tps_layout_local_bytes(E->L, ti, r));
-            if (so->file >= 0) cJSON_AddNumberToObject(x, "crc32", (double)so->crc);
-            cJSON_AddItemToArray(ranks, x);
-        }
-        cJSON_AddItemToArray(ts, e);
-    }
+    TPS_FAIL_IF(rename(tmp, path) != 0, ctx, TPS_E_IO, "%s: rename: %s", path, strerror(errno));
+out:
+    if (f) fclose(f);
+    if (rc && tmp) unlink(tmp);
     free(theirs);
-    char *text = cJSON_Print(m);
-    cJSON_Delete(m);
-    if (!text) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory writing the manifest");
-    char *path = tps_path_join(o->out_dir, TPS_MANIFEST);
-    tps_err rc = path ? tps_write_file_atomic(E->ctx, path, text, strlen(text))
-                      : tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
     free(path);
-    free(text);
+    free(tmp);
     return rc;
 }
 
@@ -720,6 +787,14 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         return tps_fail(ctx, TPS_E_REJECT, "plan %s rejects tp %d for %s: %s", tps_plan_name(L->plan),
                         L->tp, ck->path, L->rejected);
     if (!o->out_dir) return tps_fail(ctx, TPS_E_ARG, "no output directory");
+    /* A manifest lists every (tensor, rank): past this it would outgrow what
+     * check, merge and verify read back (about 235 bytes an entry). */
+    if ((uint64_t)ck->n * (uint64_t)L->tp > TPS_MAX_MANIFEST_ENTRIES)
+        return tps_fail(ctx, TPS_E_NOMEM,
+                        "%s: %zu tensors at tp %d make %llu tensor-rank entries, over the %d a "
+                        "manifest may hold (check, merge and verify could not read it back)",
+                        ck->path, ck->n, L->tp, (unsigned long long)ck->n * (unsigned long long)L->tp,
+                        TPS_MAX_MANIFEST_ENTRIES);
     all = tps_xcalloc((size_t)L->tp, 1);
     E.slots = tps_xcalloc(ck->n * (size_t)L->tp, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
@@ -776,7 +851,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     {
         /* Runs on other machines may write the manifest too: take the lock,
          * re-read theirs, add ours. */
-        char *lp = tps_path_join(o->out_dir, ".tpshard.lock");
+        char *lp = o->ranks ? tps_path_join(o->out_dir, ".tpshard.lock") : NULL;
         int lfd = lp ? open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
         free(lp);
         if (lfd >= 0) flock(lfd, LOCK_EX);
