@@ -165,7 +165,6 @@ static tps_err open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
 {
     tps_err rc = TPS_OK;
     cJSON *idx = NULL;
-    const char **mapped_file = NULL;
     TPS_CHECK(load_json_file(ctx, ipath, &idx));
     TPS_FAIL_IF(!cJSON_IsObject(idx), ctx, TPS_E_INDEX, "%s: not a JSON object", ipath);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
@@ -224,7 +223,6 @@ static tps_err open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
                     ipath, ts->valuedouble, (unsigned long long)sum);
     }
 out:
-    free(mapped_file);
     cJSON_Delete(idx);
     return rc;
 }
@@ -573,14 +571,6 @@ uint64_t tps_ckpt_total_bytes(const tps_ckpt *ck)
     return s;
 }
 
-int tps_ckpt_piece_of_rank(const tps_ckpt *ck, size_t i, int rank)
-{
-    const tps_ctensor *t = &ck->t[i];
-    for (int p = 0; p < t->npieces; p++)
-        if (t->pieces[p].rank == rank) return p;
-    return -1;
-}
-
 /* ------------------------------------------------------------------ reads */
 
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
@@ -657,35 +647,6 @@ tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir)
         if (rc) return rc;
     }
     return TPS_OK;
-}
-
-/* ------------------------------------------------------------------ config summary */
-
-static void add_field(cJSON *o, const cJSON *config, const char *field)
-{
-    const cJSON *v = tps_config_get(config, field);
-    cJSON_AddItemToObject(o, field, v ? cJSON_Duplicate(v, 1) : cJSON_CreateNull());
-}
-
-tps_err tps_ckpt_config_summary(tps_ctx *ctx, const tps_ckpt *ck, char **json_out)
-{
-    cJSON *o = cJSON_CreateObject();
-    if (!o) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    if (ck->config) {
-        const cJSON *arch = cJSON_GetObjectItemCaseSensitive(ck->config, "architectures");
-        cJSON_AddItemToObject(o, "architectures",
-                              arch ? cJSON_Duplicate(arch, 1) : cJSON_CreateNull());
-        static const char *const fields[] = {
-            "model_type", "num_attention_heads", "num_key_value_heads",
-            "num_global_key_value_heads", "head_dim", "hidden_size", "intermediate_size",
-            "vocab_size", "num_hidden_layers", "tie_word_embeddings",
-            "hidden_size_per_layer_input", "vocab_size_per_layer_input", "enable_moe_block",
-            "torch_dtype", NULL};
-        for (const char *const *f = fields; *f; f++) add_field(o, ck->config, *f);
-    }
-    *json_out = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    return *json_out ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
 }
 
 int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size_t len)

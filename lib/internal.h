@@ -193,8 +193,7 @@ struct tps_ckpt {
 
 /* Copies the config and tokenizer files of ck's directory into out_dir. */
 tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir);
-/* Reads [off, off+len) of tensor i from rank `rank`'s local bytes (sharded dirs). */
-int tps_ckpt_piece_of_rank(const tps_ckpt *ck, size_t i, int rank);
+
 
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,

@@ -787,6 +787,9 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         return tps_fail(ctx, TPS_E_REJECT, "plan %s rejects tp %d for %s: %s", tps_plan_name(L->plan),
                         L->tp, ck->path, L->rejected);
     if (!o->out_dir) return tps_fail(ctx, TPS_E_ARG, "no output directory");
+    if (o->tp && o->tp != L->tp)
+        return tps_fail(ctx, TPS_E_ARG, "split options say tp %d but the layout was made for tp %d",
+                        o->tp, L->tp);
     /* A manifest lists every (tensor, rank): past this it would outgrow what
      * check, merge and verify read back (about 235 bytes an entry). */
     if ((uint64_t)ck->n * (uint64_t)L->tp > TPS_MAX_MANIFEST_ENTRIES)

@@ -145,8 +145,6 @@ int tps_ckpt_has_config(const tps_ckpt *ck);
 /* A config.json value (top level, then text_config) as JSON text into buf:
  * 0 found, -1 absent (or no config). */
 int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size_t len);
-/* The config facts that matter for TP, as JSON text (owned); see inspect. */
-tps_err tps_ckpt_config_summary(tps_ctx *ctx, const tps_ckpt *ck, char **json_out);
 /* Reads bytes [off, off+len) of tensor i as its row-major bytes. */
 tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, void *buf,
                       size_t len);
@@ -214,7 +212,7 @@ const char *tps_layout_rejected(const tps_layout *L);
 /* ------------------------------------------------------------------ split */
 
 typedef struct {
-    int tp;
+    int tp;                     /* must equal the layout's tp (0: take the layout's) */
     const unsigned char *ranks; /* NULL = all; else tp entries, 1 = write */
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
