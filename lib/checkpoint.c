@@ -32,11 +32,10 @@ void tps_ckpt_free(tps_ckpt *ck)
         tps_st_free(ck->files[i].st);
     }
     for (size_t i = 0; i < ck->n; i++) {
-        free(ck->t[i].name);
-        free(ck->t[i].pieces);
-        free(ck->t[i].origin);
         free(ck->t[i].placement);
     }
+    for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
+    free(ck->pools);
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
     free(ck->origins);
     free(ck->files);
@@ -81,6 +80,18 @@ static tps_err add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     return TPS_OK;
 }
 
+/* n pieces from a new pool the checkpoint frees. */
+static tps_piece *new_pool(tps_ctx *ctx, tps_ckpt *ck, size_t n)
+{
+    tps_piece **np = realloc(ck->pools, (ck->npools + 1) * sizeof *np);
+    if (!np) return tps_fail(ctx, TPS_E_NOMEM, "out of memory"), NULL;
+    ck->pools = np;
+    tps_piece *p = tps_xcalloc(n, sizeof *p);
+    if (!p) return tps_fail(ctx, TPS_E_NOMEM, "out of memory"), NULL;
+    ck->pools[ck->npools++] = p;
+    return p;
+}
+
 static tps_err grow_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t extra)
 {
     tps_ctensor *nt = realloc(ck->t, (ck->n + extra) * sizeof *nt);
@@ -95,19 +106,20 @@ static tps_err add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi)
 {
     tps_cfile *f = &ck->files[fi];
     TPS_TRY(grow_tensors(ctx, ck, f->st->n));
+    tps_piece *pool = new_pool(ctx, ck, f->st->n);
+    if (!pool) return TPS_E_NOMEM;
     for (size_t i = 0; i < f->st->n; i++) {
         const tps_st_tensor_info *s = &f->st->t[i];
         tps_ctensor *t = &ck->t[ck->n++];
-        t->name = tps_strdup(s->name);
+        t->name = s->name;
         t->dtype = s->dtype;
         t->ndim = s->ndim;
         memcpy(t->shape, s->shape, sizeof t->shape);
         t->nbytes = s->end - s->begin;
         t->dim = -1;
         t->npieces = 1;
-        t->pieces = tps_xcalloc(1, sizeof *t->pieces);
-        t->origin = tps_strdup(f->name);
-        if (!t->name || !t->pieces || !t->origin) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        t->pieces = &pool[i];
+        t->origin = f->name;
         t->pieces[0].file = (int)fi;
         t->pieces[0].off = f->st->data_start + s->begin;
         t->pieces[0].nbytes = t->nbytes;
@@ -336,6 +348,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
     size_t nt = (size_t)cJSON_GetArraySize(ts);
     TPS_CHECK(grow_tensors(ctx, ck, nt));
+    tps_piece *pool = new_pool(ctx, ck, nt * (size_t)ck->tp);
+    TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
     for (const cJSON *e = ts->child; e; e = e->next) {
         tps_ctensor *t = &ck->t[ck->n++];
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
@@ -345,7 +359,7 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "source_file");
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
         TPS_FAIL_IF(!cJSON_IsString(nm), ctx, TPS_E_JSON, "%s: a tensor entry has no name", mpath);
-        t->name = tps_strdup(nm->valuestring);
+        t->name = nm->valuestring; /* the manifest tree lives as long as ck */
         TPS_FAIL_IF(!cJSON_IsString(dt) || tps_dtype_from_name(dt->valuestring, &t->dtype), ctx,
                     TPS_E_JSON, "%s: tensor '%s': bad dtype", mpath, t->name);
         TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), t->shape, &t->ndim),
@@ -354,15 +368,18 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                     TPS_E_JSON, "%s: tensor '%s': bad dim", mpath, t->name);
         t->dim = dm->valueint;
         t->placement = tps_strdup(cJSON_IsString(pl) ? pl->valuestring : "?");
-        t->origin = tps_strdup(cJSON_IsString(sf) ? sf->valuestring : "model.safetensors");
+        t->origin = NULL;
+        for (size_t k = 0; k < ck->norigins && !t->origin; k++)
+            if (cJSON_IsString(sf) && !strcmp(ck->origins[k], sf->valuestring)) t->origin = ck->origins[k];
+        TPS_FAIL_IF(!t->origin, ctx, TPS_E_JSON,
+                    "%s: tensor '%s' names a source_file that source.files does not list", mpath, t->name);
         int ovf, mis;
         t->nbytes = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
         TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: tensor '%s': bad size", mpath, t->name);
         TPS_FAIL_IF(!cJSON_IsArray(rs) || cJSON_GetArraySize(rs) != ck->tp, ctx, TPS_E_JSON,
                     "%s: tensor '%s': ranks must list all %d ranks", mpath, t->name, ck->tp);
-        t->pieces = tps_xcalloc((size_t)ck->tp, sizeof *t->pieces);
-        TPS_FAIL_IF(!t->name || !t->pieces || !t->origin || !t->placement, ctx, TPS_E_NOMEM,
-                    "out of memory");
+        t->pieces = pool + (ck->n - 1) * (size_t)ck->tp;
+        TPS_FAIL_IF(!t->placement, ctx, TPS_E_NOMEM, "out of memory");
         uint64_t expect_lo = 0;
         for (const cJSON *r = rs->child; r; r = r->next) {
             const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
@@ -509,7 +526,9 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
                     "out of memory");
         for (size_t i = 0; i < ck->nfiles; i++) {
             ck->origins[i] = tps_strdup(ck->files[i].name);
-            cJSON_AddStringToObject(ck->origin_header, ck->files[i].name, ck->files[i].st->raw);
+            /* A reference: the header text is not copied again. */
+            cJSON_AddItemToObject(ck->origin_header, ck->files[i].name,
+                                  cJSON_CreateStringReference(ck->files[i].st->raw));
             cJSON *md = cJSON_CreateObject();
             for (size_t k = 0; k < ck->files[i].st->nmeta; k++)
                 cJSON_AddStringToObject(md, ck->files[i].st->mkeys[k], ck->files[i].st->mvals[k]);

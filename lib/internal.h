@@ -117,6 +117,9 @@ struct tps_st {
 /* Parses a header buffer (the N bytes after the length). label names the file. */
 tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, size_t n,
                             uint64_t file_size, tps_st **out);
+/* The same, adopting raw (malloc'd, n + 1 bytes, NUL-terminated) as st->raw. */
+tps_err tps_st_parse_header_owned(tps_ctx *ctx, const char *label, char *raw, size_t n,
+                                  uint64_t file_size, tps_st **out);
 uint64_t tps_nbytes(tps_dtype d, const uint64_t *shape, int ndim, int *ovf, int *misaligned);
 
 /* Writer: describe the tensors, get the header bytes and every tensor's
@@ -148,8 +151,11 @@ typedef struct {
     int has_crc;
 } tps_piece;
 
+/* name and origin are borrowed from strings the checkpoint keeps anyway (the
+ * file's header table, the manifest, the origins list); pieces come from the
+ * checkpoint's pools. A million-tensor header needs no copy of either. */
 typedef struct {
-    char *name;
+    const char *name;
     tps_dtype dtype;
     int ndim;
     uint64_t shape[TPS_MAX_DIMS];
@@ -157,7 +163,7 @@ typedef struct {
     int dim;            /* pieces concatenated along dim; -1: each piece is the whole tensor */
     int npieces;
     tps_piece *pieces;  /* dim >= 0: sorted by lo; dim < 0: one per rank (piece 0 is read) */
-    char *origin;       /* the original file name it belongs to (merge) */
+    const char *origin; /* the original file name it belongs to (merge) */
     char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
 } tps_ctensor;
 
@@ -189,6 +195,8 @@ struct tps_ckpt {
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
     unsigned char *rank_written; /* sharded dirs: tp entries, the manifest says written */
     char *plan_name;    /* sharded dirs: plan recorded in the manifest */
+    tps_piece **pools;  /* every tensor's pieces live in these */
+    size_t npools;
 };
 
 /* Copies the config and tokenizer files of ck's directory into out_dir. */

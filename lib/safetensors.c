@@ -524,16 +524,28 @@ static int cmp_by_offset(const void *a, const void *b)
 tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, size_t n,
                             uint64_t file_size, tps_st **out)
 {
+    char *raw = tps_xmalloc(n + 1);
+    if (!raw) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    memcpy(raw, json, n);
+    raw[n] = 0;
+    return tps_st_parse_header_owned(ctx, label, raw, n, file_size, out);
+}
+
+tps_err tps_st_parse_header_owned(tps_ctx *ctx, const char *label, char *raw, size_t n,
+                                  uint64_t file_size, tps_st **out)
+{
     tps_err rc = TPS_OK;
+    const char *json = raw;
     tps_st *st = tps_xcalloc(1, sizeof *st);
-    if (!st) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    if (!st) {
+        free(raw);
+        return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    }
+    st->raw = raw;
+    st->raw_len = n;
     st->path = tps_strdup(label);
     st->file_size = file_size;
-    st->raw = tps_xmalloc(n + 1);
-    TPS_FAIL_IF(!st->path || !st->raw, ctx, TPS_E_NOMEM, "out of memory");
-    memcpy(st->raw, json, n);
-    st->raw[n] = 0;
-    st->raw_len = n;
+    TPS_FAIL_IF(!st->path, ctx, TPS_E_NOMEM, "out of memory");
     st->data_start = 8 + (uint64_t)n;
     TPS_FAIL_IF(!tps_utf8_valid(json, n), ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);
     jp p = {.s = json, .n = n, .i = 0, .ctx = ctx, .label = label};
@@ -629,7 +641,9 @@ tps_err tps_st_open(tps_ctx *ctx, const char *path, tps_st **out)
                 (unsigned long long)n);
     TPS_CHECK(tps_pread_full(ctx, fd, path, hdr, (size_t)n, 8));
     hdr[n] = 0;
-    TPS_CHECK(tps_st_parse_header(ctx, path, hdr, (size_t)n, (uint64_t)sb.st_size, out));
+    /* The buffer becomes st->raw: a 100 MB header is held once, not twice. */
+    rc = tps_st_parse_header_owned(ctx, path, hdr, (size_t)n, (uint64_t)sb.st_size, out);
+    hdr = NULL;
 out:
     free(hdr);
     close(fd);

@@ -174,8 +174,12 @@ static void fz_walk_ckpt(tps_ctx *ctx, const tps_ckpt *ck)
             left -= k;
         }
     }
-    char *summary = NULL;
-    if (tps_ckpt_config_summary(ctx, ck, &summary) == TPS_OK) free(summary);
+    /* The config accessor inspect uses, on the fields it prints. */
+    static const char *const fields[] = {"architectures", "model_type", "num_attention_heads",
+                                         "num_key_value_heads", "vocab_size", "tie_word_embeddings",
+                                         "text_config", NULL};
+    char val[256];
+    for (const char *const *f = fields; *f; f++) (void)tps_ckpt_config_value(ck, *f, val, sizeof val);
 }
 
 #endif
