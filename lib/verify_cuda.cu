@@ -265,6 +265,9 @@ static tps_err stream_wait(tps_ctx *ctx, tps_gpu *g, cudaStream_t s, const char 
     for (int spins = 0;; spins++) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return TPS_OK;
+        /* cudaErrorNotReady is also left in the thread's last-error slot,
+         * where the next KERNEL_TRY would report it: clear it */
+        if (e == cudaErrorNotReady) (void)cudaGetLastError();
         if (e != cudaErrorNotReady)
             return tps_fail(ctx, TPS_E_DEVICE, "%s: cudaStreamQuery failed: %s: %s", what,
                             cudaGetErrorName(e), cudaGetErrorString(e));
@@ -386,6 +389,7 @@ static tps_err cuda_allreduce(tps_comm *c, tps_ctx *ctx, const float *const *in,
     if (!n) return TPS_OK;
     CUDA_TRY(ctx, cudaMemcpyAsync(g->dptrs, in, sizeof(float *) * (size_t)c->nranks,
                                   cudaMemcpyHostToDevice, s));
+    (void)cudaGetLastError(); /* so that KERNEL_TRY sees this launch's error only */
     k_sum_ranks<<<grid_for(n), 256, 0, s>>>(out[0], g->dptrs, c->nranks, n);
     KERNEL_TRY(ctx, "k_sum_ranks");
     for (int l = 1; l < c->nlocal; l++)
@@ -582,6 +586,9 @@ static tps_err open_nccl(tps_ctx *ctx, tps_gpu *g, int ndev, const char *id_file
                 "there)",
                 world);
         int dev = lrank >= 0 ? lrank : rank % ndev;
+        /* the launcher gave each process only its own GPU (CUDA_VISIBLE_DEVICES
+         * per rank, srun --gpus-per-task=1): that is device 0 here */
+        if (dev >= ndev && ndev == 1) dev = 0;
         if (dev >= ndev)
             return tps_fail(ctx, TPS_E_DEVICE,
                             "--backend nccl: local rank %d needs GPU %d but only "
@@ -626,7 +633,11 @@ static tps_err open_nccl(tps_ctx *ctx, tps_gpu *g, int ndev, const char *id_file
         }
         NCCL_TRY(ctx, ncclGroupEnd());
     }
-    return nccl_settle(ctx, g, INIT_WAIT_S, "NCCL communicator init");
+    TPS_TRY(nccl_settle(ctx, g, INIT_WAIT_S, "NCCL communicator init"));
+    /* every rank has joined, so every rank has read the id: remove it, so that
+     * a later run's ranks cannot pick up this run's stale id */
+    if (g->multiproc && g->world_rank == 0) unlink(id_file);
+    return TPS_OK;
 }
 
 /* ------------------------------------------------------------------ open / close */
@@ -799,7 +810,9 @@ extern "C" int tps_gpu_is_root(const tps_gpu *g)
 
 extern "C" void *tps_gpu_host_alloc(tps_gpu *g, size_t n)
 {
-    (void)g;
+    /* a worker thread has no current device yet: without this every process
+     * of a multi-process run would make a context on GPU 0 */
+    if (g && !g->devs.empty() && cudaSetDevice(g->devs[0]) != cudaSuccess) return NULL;
     void *p = NULL;
     if (cudaMallocHost(&p, n ? n : 1) != cudaSuccess) return NULL;
     return p;
@@ -1024,6 +1037,7 @@ extern "C" tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, in
                                  ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (side < 0) {
         size_t n = (size_t)(nrows * width);
+        (void)cudaGetLastError(); /* so that KERNEL_TRY sees this launch's error only */
         if (j->es == 2)
             k_abs16<<<grid_for(n), 256, 0, s->stream>>>((uint16_t *)s->dwabs,
                                                         (const uint16_t *)s->dw, n);

@@ -20,14 +20,24 @@
 #      is a clear error, not a hang;
 #   6. one flipped bit in a rank file is caught by cuda (and nccl), naming the
 #      tensor.
-# Environment: GPU_TMP (scratch; default /dev/shm/tpshard-gpu), GPU_BIG (8G),
+# Environment: GPU_TMP (scratch; default /dev/shm/tpshard-gpu, or
+# ${TMPDIR:-/tmp}/tpshard-gpu when /dev/shm has under 24 GiB free and less
+# than it), GPU_BIG (8G),
 # JOBS (make -j, default nproc), KEEP=1 (keep the scratch directory).
 set -u
 
 top=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$top" || exit 1
 TPS=$top/tpshard
-SCR=${GPU_TMP:-/dev/shm/tpshard-gpu}
+SCR=${GPU_TMP:-}
+if [ -z "$SCR" ]; then
+  # /dev/shm in a container is often small (64 MiB by default): the big model
+  # needs ~20 GiB, so take the disk when it has more room
+  shm=$(df -Pk /dev/shm 2>/dev/null | awk 'NR==2 {print $4}')
+  tmp=$(df -Pk "${TMPDIR:-/tmp}" 2>/dev/null | awk 'NR==2 {print $4}')
+  SCR=/dev/shm/tpshard-gpu
+  [ "${shm:-0}" -lt 25165824 ] && [ "${tmp:-0}" -gt "${shm:-0}" ] && SCR=${TMPDIR:-/tmp}/tpshard-gpu
+fi
 BIG=${GPU_BIG:-8G}
 JOBS=${JOBS:-$(nproc 2>/dev/null || echo 4)}
 T0=$(date +%s)
@@ -209,7 +219,7 @@ toomany() {
 
 # ---------------------------------------------------------------- 4. big
 big() {
-  avail=$(df -k "$SCR" | awk 'NR==2 {print $4}')
+  avail=$(df -Pk "$SCR" | awk 'NR==2 {print $4}')
   want=$(echo "$BIG" | awk '{ n = $1 + 0; u = substr($1, length($1)); m = (u == "G") ? 1048576 : (u == "M") ? 1024 : 1; print int(n * m) }')
   # model + one split + slack must fit
   while [ $((want * 2 + 1048576)) -gt "$avail" ] && [ "$want" -gt 1048576 ]; do want=$((want / 2)); done
