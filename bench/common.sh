@@ -109,6 +109,26 @@ gen_model() {
 
 warm() { cat "$@" >/dev/null; }
 
+# prepare_model SUBCOMMAND SIZE TITLE: set up the run, check that tpshard has
+# SUBCOMMAND, print the title, machine and load, then make a SIZE model in $M
+# (its byte count in $BYTES) with room for two outputs, and warm it.
+prepare_model() {
+	bench_setup
+	"$TPSHARD" "$1" --help >/dev/null 2>&1 || "$TPSHARD" "$1" -h >/dev/null 2>&1 ||
+		die "$TPSHARD $1 --help fails: is $1 implemented?"
+	MACHINE=$(machine_line)
+	say "$3"
+	say "machine: $MACHINE"
+	load_line "at start"
+	want=$(size_bytes "$2")
+	have_room $((want * 3 + want / 10)) || die "not enough room in $BENCH_DIR for a $2 model and two outputs"
+	M=$RUN/model-$2
+	gen_model "$2" "$M"
+	# shellcheck disable=SC2034 # BYTES is for the calling script
+	BYTES=$GEN_BYTES
+	warm "$M/model.safetensors"
+}
+
 # ---------------------------------------------------------------- measuring
 # measure LABEL CMD...: runs CMD under gen_llama --measure (CLOCK_MONOTONIC
 # wall time, ru_maxrss from wait4 = /usr/bin/time's %M, /proc/PID/io), output

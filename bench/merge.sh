@@ -15,19 +15,8 @@ PAIRS=${PAIRS:-6}
 TP=${TP:-8}
 S=${1:-1G}
 
-bench_setup
-"$TPSHARD" merge --help >/dev/null 2>&1 || "$TPSHARD" merge -h >/dev/null 2>&1 ||
-	die "$TPSHARD merge --help fails: is merge implemented?"
-MACHINE=$(machine_line)
-say "# tpshard merge (tp $TP) vs cp"
-say "machine: $MACHINE"
-load_line "at start"
-want=$(size_bytes "$S")
-have_room $((want * 3 + want / 10)) || die "not enough room in $BENCH_DIR for a $S model and two outputs"
-M=$RUN/model-$S
-gen_model "$S" "$M"; BYTES=$GEN_BYTES
+prepare_model merge "$S" "# tpshard merge (tp $TP) vs cp"
 SRC=$M/model.safetensors
-warm "$SRC"
 OUT=$RUN/out
 MERGED=$RUN/merged
 COPY=$RUN/copy.safetensors

@@ -17,18 +17,7 @@ PAIRS=${PAIRS:-3}
 TP=${TP:-8}
 S=${1:-1G}
 
-bench_setup
-"$TPSHARD" verify --help >/dev/null 2>&1 || "$TPSHARD" verify -h >/dev/null 2>&1 ||
-	die "$TPSHARD verify --help fails: is verify implemented?"
-MACHINE=$(machine_line)
-say "# tpshard verify --backend cpu vs split --tp $TP"
-say "machine: $MACHINE"
-load_line "at start"
-want=$(size_bytes "$S")
-have_room $((want * 3 + want / 10)) || die "not enough room in $BENCH_DIR for a $S model and two outputs"
-M=$RUN/model-$S
-gen_model "$S" "$M"; BYTES=$GEN_BYTES
-warm "$M/model.safetensors"
+prepare_model verify "$S" "# tpshard verify --backend cpu vs split --tp $TP"
 OUT=$RUN/out
 OUT2=$RUN/out2
 measure split-ref "$TPSHARD" split "$M" --tp "$TP" -o "$OUT" --force -q

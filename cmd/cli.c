@@ -2,6 +2,7 @@
 #include "cli.h"
 
 #include <errno.h>
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -75,6 +76,18 @@ int cli_lib_error(tps_ctx *ctx, tps_err e)
     return cli_error("%s", tps_strerror(e));
 }
 
+/* "usage: tpshard split MODEL ..." -> "tpshard split" (*len bytes). */
+static const char *usage_command(const char *usage, int *len)
+{
+    const char *c = strstr(usage, "tpshard ");
+    if (!c) {
+        *len = 7;
+        return "tpshard";
+    }
+    *len = 8 + (int)strcspn(c + 8, " \n");
+    return c;
+}
+
 int cli_usage_error(const char *usage, const char *fmt, ...)
 {
     va_list ap;
@@ -84,15 +97,10 @@ int cli_usage_error(const char *usage, const char *fmt, ...)
     va_end(ap);
     fprintf(stderr, "tpshard: error: %s\n", msg);
     const char *nl = strchr(usage, '\n');
-    /* "usage: tpshard split MODEL ..." -> "tpshard split" */
-    const char *cmd = strstr(usage, "tpshard ");
-    int clen = 0;
-    if (cmd) {
-        const char *sp = strchr(cmd + 8, ' ');
-        clen = sp ? (int)(sp - cmd) : (int)strlen(cmd);
-    }
+    int clen;
+    const char *cmd = usage_command(usage, &clen);
     fprintf(stderr, "%.*s\nTry '%.*s -h' for more.\n", nl ? (int)(nl - usage) : (int)strlen(usage),
-            usage, cmd ? clen : 7, cmd ? cmd : "tpshard");
+            usage, clen, cmd);
     return 2;
 }
 
@@ -163,6 +171,24 @@ tps_ctx *cli_ctx(void)
     if (!g_json && ((g_display >= 1 && isatty(2)) || g_display >= 2))
         tps_ctx_set_progress(ctx, progress_cb, NULL);
     return ctx;
+}
+
+int cli_common_option(int c, const char *usage, char **argv)
+{
+    switch (c) {
+    case 'j': g_json = 1; return -1;
+    case 'q': g_display = 0; return -1;
+    case 'v': g_display++; return -1;
+    case 'h': fputs(usage, stdout); return 0;
+    }
+    int clen;
+    const char *cmd = usage_command(usage, &clen);
+    if (clen > 8) { /* "split", without "tpshard " */
+        cmd += 8;
+        clen -= 8;
+    }
+    return cli_usage_error(usage, "%.*s: unknown option or missing value: '%s'", clen, cmd,
+                           argv[optind - 1]);
 }
 
 int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out)

@@ -29,6 +29,10 @@ tps_ctx *cli_ctx(void);
 /* Progress line helpers (used by cli_ctx's callback). */
 void cli_progress_done(void);
 
+/* The options every subcommand takes (-q, -v, --json, -h) and the error for
+ * any other: returns -1 to go on parsing, else the exit status to return. */
+int cli_common_option(int c, const char *usage, char **argv);
+
 /* Checked parsers: 0 ok, else prints a usage error and returns 2. */
 int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out);
 int cli_parse_size(const char *usage, const char *opt, const char *s, uint64_t *out);

@@ -24,11 +24,10 @@ int cmd_check(int argc, char **argv)
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
         switch (c) {
-        case 'j': g_json = 1; break;
-        case 'q': g_display = 0; break;
-        case 'v': g_display++; break;
-        case 'h': fputs(usage_check, stdout); return 0;
-        default: return cli_usage_error(usage_check, "check: unknown option or missing value: '%s'", argv[optind - 1]);
+        default: {
+            int st = cli_common_option(c, usage_check, argv);
+            if (st >= 0) return st;
+        }
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_check, "check: give exactly one DIR");

@@ -30,11 +30,10 @@ int cmd_merge(int argc, char **argv)
         switch (c) {
         case 'o': out = optarg; break;
         case 'F': force = 1; break;
-        case 'j': g_json = 1; break;
-        case 'q': g_display = 0; break;
-        case 'v': g_display++; break;
-        case 'h': fputs(usage_merge, stdout); return 0;
-        default: return cli_usage_error(usage_merge, "merge: unknown option or missing value: '%s'", argv[optind - 1]);
+        default: {
+            int st = cli_common_option(c, usage_merge, argv);
+            if (st >= 0) return st;
+        }
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_merge, "merge: give exactly one DIR");

@@ -226,11 +226,10 @@ int cmd_plan(int argc, char **argv)
         case 'p': plan_file = optarg; break;
         case 'f': family = optarg; break;
         case 'l': list = 1; break;
-        case 'j': g_json = 1; break;
-        case 'q': g_display = 0; break;
-        case 'v': g_display++; break;
-        case 'h': fputs(usage_plan, stdout); return 0;
-        default: return cli_usage_error(usage_plan, "plan: unknown option or missing value: '%s'", argv[optind - 1]);
+        default: {
+            int st = cli_common_option(c, usage_plan, argv);
+            if (st >= 0) return st;
+        }
         }
     }
     if (list) return list_plans();

@@ -60,11 +60,10 @@ int cmd_split(int argc, char **argv)
             break;
         case 'F': force = 1; break;
         case 'n': dry = 1; break;
-        case 'j': g_json = 1; break;
-        case 'q': g_display = 0; break;
-        case 'v': g_display++; break;
-        case 'h': fputs(usage_split, stdout); return 0;
-        default: return cli_usage_error(usage_split, "split: unknown option or missing value: '%s'", argv[optind - 1]);
+        default: {
+            int st = cli_common_option(c, usage_split, argv);
+            if (st >= 0) return st;
+        }
         }
     }
     if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");

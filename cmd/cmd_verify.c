@@ -115,11 +115,10 @@ int cmd_verify(int argc, char **argv)
         case O_THREADS:
             if (cli_parse_int(usage_verify, "--threads", optarg, 1, 4096, &threads)) return 2;
             break;
-        case 'j': g_json = 1; break;
-        case 'q': g_display = 0; break;
-        case 'v': g_display++; break;
-        case 'h': fputs(usage_verify, stdout); return 0;
-        default: return cli_usage_error(usage_verify, "verify: unknown option or missing value: '%s'", argv[optind - 1]);
+        default: {
+            int st = cli_common_option(c, usage_verify, argv);
+            if (st >= 0) return st;
+        }
         }
     }
     if (optind != argc - 1) return cli_usage_error(usage_verify, "verify: give exactly one DIR");

@@ -72,6 +72,8 @@ tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 /* Parse with a nesting bound; errors name label and the byte position. */
 tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
                        cJSON **out);
+/* s as a JSON string literal, escaped as serde_json writes it, through put. */
+void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
 /* First duplicate key anywhere in an object's direct children, or NULL. */
 const char *tps_json_dup_key(const cJSON *obj);
 int tps_utf8_valid(const char *s, size_t len);

@@ -112,30 +112,34 @@ static void geometry(const engine *E, size_t ti, geom *g)
 
 static tps_err plan_tasks(engine *E)
 {
-    static geom g; /* large; the planning runs once, single-threaded */
+    /* Two tables of 4096 ranks: on the heap, not static, so splits running
+     * in different threads share nothing. */
+    tps_err rc = TPS_OK;
+    geom *g = tps_xmalloc(sizeof *g);
+    if (!g) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
     for (size_t ti = 0; ti < E->ck->n; ti++) {
         const tps_ctensor *t = &E->ck->t[ti];
         int d = E->L->p[ti].dim;
         if (d < 0) {
             for (uint64_t a = 0; a < t->nbytes; a += CHUNK) {
                 uint64_t b = a + CHUNK < t->nbytes ? a + CHUNK : t->nbytes;
-                TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = -1, .a = a, .b = b,
+                TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = -1, .a = a, .b = b,
                                            .dst = a}, 1));
                 E->total += b - a;
             }
             continue;
         }
-        geometry(E, ti, &g);
-        if (g.outer == 1 || g.row > CHUNK) {
+        geometry(E, ti, g);
+        if (g->outer == 1 || g->row > CHUNK) {
             /* Each rank's bytes are one contiguous run per outer row. */
             for (int r = 0; r < E->tp; r++) {
                 if (!E->write[r]) continue;
-                for (uint64_t o = 0; o < g.outer; o++)
-                    for (uint64_t a = 0; a < g.l[r]; a += CHUNK) {
-                        uint64_t len = g.l[r] - a < CHUNK ? g.l[r] - a : CHUNK;
-                        uint64_t src = o * g.row + g.s[r] + a;
-                        TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = r, .a = src,
-                                                   .b = src + len, .dst = o * g.l[r] + a}, 1));
+                for (uint64_t o = 0; o < g->outer; o++)
+                    for (uint64_t a = 0; a < g->l[r]; a += CHUNK) {
+                        uint64_t len = g->l[r] - a < CHUNK ? g->l[r] - a : CHUNK;
+                        uint64_t src = o * g->row + g->s[r] + a;
+                        TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = r, .a = src,
+                                                   .b = src + len, .dst = o * g->l[r] + a}, 1));
                         E->total += len;
                     }
             }
@@ -144,21 +148,23 @@ static tps_err plan_tasks(engine *E)
         /* Strided: blocks of whole rows, scattered to every written rank. */
         uint64_t want = 0;
         for (int r = 0; r < E->tp; r++)
-            if (E->write[r]) want += g.l[r];
-        int full = want * 4 >= g.row; /* reading whole rows wastes little */
-        uint64_t rows = CHUNK / g.row;
+            if (E->write[r]) want += g->l[r];
+        int full = want * 4 >= g->row; /* reading whole rows wastes little */
+        uint64_t rows = CHUNK / g->row;
         if (rows == 0) rows = 1;
-        for (uint64_t a = 0; a < g.outer; a += rows) {
-            uint64_t b = a + rows < g.outer ? a + rows : g.outer;
-            TPS_TRY(add_task(E, (task){.t = ti, .kind = TASK_ROWS, .rank = -1, .a = a, .b = b,
+        for (uint64_t a = 0; a < g->outer; a += rows) {
+            uint64_t b = a + rows < g->outer ? a + rows : g->outer;
+            TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_ROWS, .rank = -1, .a = a, .b = b,
                                        .full_rows = full}, (size_t)E->tp));
-            E->total += (b - a) * (full ? g.row : want);
+            E->total += (b - a) * (full ? g->row : want);
         }
     }
     E->crcs = tps_xcalloc(E->ncrc, sizeof *E->crcs);
     E->crclen = tps_xcalloc(E->ncrc, sizeof *E->crclen);
-    if (!E->crcs || !E->crclen) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
-    return TPS_OK;
+    TPS_FAIL_IF(!E->crcs || !E->crclen, E->ctx, TPS_E_NOMEM, "out of memory");
+out:
+    free(g);
+    return rc;
 }
 
 static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len, uint64_t dst)
@@ -424,25 +430,9 @@ out:
 
 /* The manifest is streamed, one tensor a line: a tree of every (tensor,
  * rank) entry grew with tensors x tp (4.4 GB for a million tensors at tp 2). */
-static void mw_str(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        case '\b': fputs("\\b", f); break;
-        case '\f': fputs("\\f", f); break;
-        default:
-            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
+static void file_sink(void *user, const char *p, size_t n) { fwrite(p, 1, n, user); }
+
+static void mw_str(FILE *f, const char *s) { tps_json_quote(s, file_sink, f); }
 
 static void mw_json(FILE *f, const cJSON *item)
 {

@@ -426,6 +426,36 @@ const char *tps_json_dup_key(const cJSON *obj)
     return dup;
 }
 
+void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user)
+{
+    put(user, "\"", 1);
+    const char *run = s; /* bytes copied as they are, flushed in one call */
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        const char *esc = NULL;
+        char u[8];
+        switch (*p) {
+        case '"': esc = "\\\""; break;
+        case '\\': esc = "\\\\"; break;
+        case '\b': esc = "\\b"; break;
+        case '\f': esc = "\\f"; break;
+        case '\n': esc = "\\n"; break;
+        case '\r': esc = "\\r"; break;
+        case '\t': esc = "\\t"; break;
+        default:
+            if (*p < 0x20) {
+                snprintf(u, sizeof u, "\\u%04x", *p);
+                esc = u;
+            }
+        }
+        if (!esc) continue;
+        if ((const char *)p > run) put(user, run, (size_t)((const char *)p - run));
+        put(user, esc, strlen(esc));
+        run = (const char *)p + 1;
+    }
+    if (*run) put(user, run, strlen(run));
+    put(user, "\"", 1);
+}
+
 const cJSON *tps_config_get(const cJSON *config, const char *field)
 {
     if (!config) return NULL;
