@@ -30,6 +30,7 @@ void tps_ckpt_free(tps_ckpt *ck)
         free(ck->files[i].name);
         free(ck->files[i].path);
         tps_st_free(ck->files[i].st);
+        free(ck->files[i].byname);
     }
     for (size_t i = 0; i < ck->n; i++) {
         free(ck->t[i].placement);
@@ -260,8 +261,38 @@ static int json_shape(const cJSON *a, uint64_t *shape, int *ndim)
     return 1;
 }
 
+static int cmp_info_name(const void *a, const void *b)
+{
+    return strcmp((*(const tps_st_tensor_info *const *)a)->name,
+                  (*(const tps_st_tensor_info *const *)b)->name);
+}
+
+/* Rank files are searched once per (tensor, rank): by name, in log time. */
+static tps_err index_by_name(tps_ctx *ctx, tps_cfile *f)
+{
+    f->byname = tps_xmalloc(f->st->n * sizeof *f->byname);
+    if (!f->byname) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < f->st->n; k++) f->byname[k] = &f->st->t[k];
+    if (f->st->n > 1) qsort(f->byname, f->st->n, sizeof *f->byname, cmp_info_name);
+    return TPS_OK;
+}
+
+static const tps_st_tensor_info *find_in_file(const tps_cfile *f, const char *name)
+{
+    size_t lo = 0, hi = f->st->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->byname[mid]->name, name);
+        if (c == 0) return f->byname[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
 static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
 {
+    size_t *rank_files = NULL, *rank_start = NULL;
     tps_err rc = TPS_OK;
     TPS_CHECK(load_json_file(ctx, mpath, &ck->manifest));
     const cJSON *m = ck->manifest;
@@ -342,6 +373,23 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         TPS_CHECK(add_file(ctx, ck, nm->valuestring, &fi));
         ck->files[fi].rank = rk->valueint;
         ck->rank_present[rk->valueint] = 1;
+        TPS_CHECK(index_by_name(ctx, &ck->files[fi]));
+    }
+    /* The files of each rank, so a lookup scans only that rank's parts:
+     * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */
+    rank_start = tps_xcalloc((size_t)ck->tp + 1, sizeof *rank_start);
+    rank_files = tps_xcalloc(ck->nfiles, sizeof *rank_files);
+    TPS_FAIL_IF(!rank_start || !rank_files, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t fi = 0; fi < ck->nfiles; fi++) rank_start[ck->files[fi].rank + 1]++;
+    for (int r = 0; r < ck->tp; r++) rank_start[r + 1] += rank_start[r];
+    {
+        size_t *fill = tps_xcalloc((size_t)ck->tp, sizeof *fill);
+        TPS_FAIL_IF(!fill, ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t fi = 0; fi < ck->nfiles; fi++) {
+            int r = ck->files[fi].rank;
+            rank_files[rank_start[r] + fill[r]++] = fi;
+        }
+        free(fill);
     }
     /* Tensors. */
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
@@ -410,19 +458,16 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             }
             if (!ck->rank_present[rank]) continue;
             /* Find the rank file holding it. */
-            size_t fi;
-            for (fi = 0; fi < ck->nfiles; fi++)
-                if (ck->files[fi].rank == rank && strcmp(ck->files[fi].name, fn->valuestring) == 0) break;
+            size_t fi = ck->nfiles;
+            for (size_t j = rank_start[rank]; j < rank_start[rank + 1]; j++)
+                if (strcmp(ck->files[rank_files[j]].name, fn->valuestring) == 0) fi = rank_files[j];
             TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': rank %d's file %s is not among the rank files", mpath,
                         t->name, rank, fn->valuestring);
             const tps_st *st = ck->files[fi].st;
-            size_t k;
-            for (k = 0; k < st->n; k++)
-                if (strcmp(st->t[k].name, t->name) == 0) break;
-            TPS_FAIL_IF(k == st->n, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
+            const tps_st_tensor_info *si = find_in_file(&ck->files[fi], t->name);
+            TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
                         ck->files[fi].path, t->name);
-            const tps_st_tensor_info *si = &st->t[k];
             TPS_FAIL_IF(si->dtype != t->dtype, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s' is %s but the manifest says %s", ck->files[fi].path,
                         t->name, tps_dtype_name(si->dtype), tps_dtype_name(t->dtype));
@@ -458,6 +503,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                         "%s: tensor '%s' is not in the manifest", ck->files[fi].path, st->t[k].name);
     }
 out:
+    free(rank_files);
+    free(rank_start);
     return rc;
 }
 

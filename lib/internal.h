@@ -176,6 +176,7 @@ typedef struct {
     uint64_t size;
     tps_st *st;
     int rank;    /* sharded dirs */
+    const tps_st_tensor_info **byname; /* sharded dirs: st's tensors sorted by name */
 } tps_cfile;
 
 struct tps_ckpt {
