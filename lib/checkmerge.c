@@ -368,14 +368,6 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
         TPS_FAIL_IF(mkdir(o->out_dir, 0755) != 0, ctx, TPS_E_IO, "%s: cannot create: %s", o->out_dir,
                     strerror(errno));
     }
-    for (size_t i = 0; i < ck->n; i++) {
-        size_t k;
-        for (k = 0; k < ck->norigins; k++)
-            if (strcmp(ck->origins[k], ck->t[i].origin) == 0) break;
-        TPS_FAIL_IF(k == ck->norigins, ctx, TPS_E_JSON,
-                    "%s: tensor '%s' names source file '%s', which source.files does not list", dir,
-                    ck->t[i].name, ck->t[i].origin);
-    }
     for (size_t i = 0; i < ck->norigins; i++) {
         TPS_CHECK(merge_file(ctx, ck, ck->origins[i], o->out_dir));
         if (files_written) (*files_written)++;
