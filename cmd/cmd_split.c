@@ -8,7 +8,7 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--ranks LIST] "
-    "[--threads N] [--max-part-size SIZE] [--force] [--dry-run] [-q | -v] [--json]\n"
+    "[--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] [-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
     "shard PyTorch DTensor gives that rank, then the manifest tpshard.json, and\n"
@@ -22,6 +22,7 @@ const char usage_split[] =
     "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
     "  --threads N          worker threads; default: all cores\n"
     "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
+    "  --no-mmap            read the source with pread instead of mapping it\n"
     "  --force              replace an existing output in DIR\n"
     "  --dry-run            print the plan (as 'tpshard plan') and write nothing\n"
     "  --json               one JSON document on stdout\n"
@@ -35,13 +36,13 @@ int cmd_split(int argc, char **argv)
         {"plan", required_argument, 0, 'p'},     {"family", required_argument, 0, 'f'},
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
-        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
+        {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     long tp = 0, threads = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL;
     uint64_t max_part = 0;
-    int force = 0, dry = 0, c;
+    int force = 0, dry = 0, no_mmap = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -59,6 +60,7 @@ int cmd_split(int argc, char **argv)
             if (cli_parse_size(usage_split, "--max-part-size", optarg, &max_part)) return 2;
             break;
         case 'F': force = 1; break;
+        case 'M': no_mmap = 1; break;
         case 'n': dry = 1; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
@@ -107,7 +109,8 @@ int cmd_split(int argc, char **argv)
         free(tmp);
         out = outbuf;
     }
-    tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out};
+    tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out,
+                          .no_mmap = no_mmap};
     tps_split_result res;
     e = tps_split(ctx, ck, L, &so, &res);
     cli_progress_done();

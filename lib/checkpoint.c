@@ -650,6 +650,33 @@ tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piec
     return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
 }
 
+/* Pieces of a tensor cut along dim are concatenated along it: view the
+ * tensor as [outer, shape[dim], inner]. For byte `off`, the piece holding it
+ * (-1 when absent), the offset inside that piece, and how many bytes from
+ * there on are contiguous in the piece. */
+static int find_piece(const tps_ctensor *t, uint64_t off, uint64_t *poff, uint64_t *run)
+{
+    if (t->dim < 0) {
+        *poff = off;
+        *run = t->pieces[0].nbytes - off;
+        return 0;
+    }
+    uint64_t inner_bits = tps_dtype_bits(t->dtype);
+    for (int d = t->dim + 1; d < t->ndim; d++) inner_bits *= t->shape[d];
+    uint64_t row = t->shape[t->dim] * inner_bits / 8;
+    uint64_t o = off / row, w = off % row;
+    for (int p = 0; p < t->npieces; p++) {
+        uint64_t plo = t->pieces[p].lo * inner_bits / 8, phi = t->pieces[p].hi * inner_bits / 8;
+        if (w >= plo && w < phi) {
+            *poff = o * (phi - plo) + (w - plo);
+            /* A piece covering whole rows runs on to its end. */
+            *run = plo == 0 && phi == row ? t->pieces[p].nbytes - *poff : phi - w;
+            return p;
+        }
+    }
+    return -1;
+}
+
 tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, void *buf, size_t len)
 {
     const tps_ctensor *t = &ck->t[i];
@@ -659,28 +686,16 @@ tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, 
     if (t->npieces == 0)
         return tps_fail(ctx, TPS_E_MISMATCH, "%s: tensor '%s': no rank file holding it is present",
                         ck->path, t->name);
-    if (t->dim < 0) return tps_ckpt_read_piece(ctx, ck, i, 0, off, buf, len);
-    /* Pieces concatenated along dim: view as [outer, shape[dim], inner]. */
-    uint64_t inner_bits = tps_dtype_bits(t->dtype);
-    for (int d = t->dim + 1; d < t->ndim; d++) inner_bits *= t->shape[d];
-    uint64_t row = t->shape[t->dim] * inner_bits / 8;
     char *out = buf;
     while (len) {
-        uint64_t o = off / row, w = off % row;
-        int p;
-        uint64_t plo = 0, phi = 0;
-        for (p = 0; p < t->npieces; p++) {
-            plo = t->pieces[p].lo * inner_bits / 8;
-            phi = t->pieces[p].hi * inner_bits / 8;
-            if (w >= plo && w < phi) break;
-        }
-        if (p == t->npieces)
+        uint64_t poff, run;
+        int p = find_piece(t, off, &poff, &run);
+        if (p < 0)
             return tps_fail(ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': the rank holding rows at byte %llu is not present",
                             ck->path, t->name, (unsigned long long)off);
-        uint64_t run = phi - w;
         if (run > len) run = len;
-        TPS_TRY(tps_ckpt_read_piece(ctx, ck, i, p, o * (phi - plo) + (w - plo), out, (size_t)run));
+        TPS_TRY(tps_ckpt_read_piece(ctx, ck, i, p, poff, out, (size_t)run));
         out += run;
         off += run;
         len -= (size_t)run;
@@ -688,15 +703,32 @@ tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, 
     return TPS_OK;
 }
 
+int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
+                    uint64_t *foff)
+{
+    const tps_ctensor *t = &ck->t[i];
+    uint64_t poff, run;
+    if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
+    int p = find_piece(t, off, &poff, &run);
+    if (p < 0 || run < len) return 0;
+    *file = t->pieces[p].file;
+    *foff = t->pieces[p].off + poff;
+    return 1;
+}
+
 tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
 {
     for (size_t i = 0; i < ck->nfiles; i++) {
         struct stat sb;
-        if (fstat(ck->files[i].fd, &sb) != 0 || (uint64_t)sb.st_size != ck->files[i].size)
+        if (fstat(ck->files[i].fd, &sb) != 0)
+            return tps_fail(ctx, TPS_E_IO, "%s: %s", ck->files[i].path, strerror(errno));
+        if ((uint64_t)sb.st_size != ck->files[i].size)
             return tps_fail(ctx, TPS_E_FORMAT,
-                            "%s: the file changed size while being read (was %llu bytes, now %lld)",
+                            "%s: the file changed size while being read (was %llu bytes, now %lld): "
+                            "%s by another process",
                             ck->files[i].path, (unsigned long long)ck->files[i].size,
-                            (long long)sb.st_size);
+                            (long long)sb.st_size,
+                            (uint64_t)sb.st_size < ck->files[i].size ? "truncated" : "rewritten");
     }
     return TPS_OK;
 }

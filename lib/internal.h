@@ -5,6 +5,7 @@
 #include "tpshard.h"
 
 #include <cJSON.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -88,6 +89,28 @@ uint32_t tps_crc32(uint32_t crc, const void *data, size_t len);
 uint32_t tps_crc32_zlib(uint32_t crc, const void *data, size_t len); /* reference */
 /* One implementation: 0 zlib, 1 PCLMULQDQ, 2 VPCLMULQDQ (tests). */
 uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len);
+
+/* ------------------------------------------------------------------ guard */
+
+/* Reads of a mapped file inside a guard turn the SIGBUS of a truncated (or
+ * unreadable) page in [lo, hi) into a return from sigsetjmp(jb, 1) != 0:
+ *
+ *     tps_guard g = {.lo = p, .hi = p + n};
+ *     if (sigsetjmp(g.jb, 1)) { tps_guard_leave(); ...the source changed... }
+ *     tps_guard_enter(&g);
+ *     ...read p[0..n)...
+ *     tps_guard_leave();
+ *
+ * The SIGBUS handler is installed while at least one hold is taken; other
+ * SIGBUS signals go to the handler it replaced, or kill as by default. */
+typedef struct {
+    sigjmp_buf jb;
+    const void *lo, *hi;
+} tps_guard;
+int tps_guard_hold(void); /* 0 when the handler cannot be installed */
+void tps_guard_release(void);
+void tps_guard_enter(tps_guard *g);
+void tps_guard_leave(void);
 
 /* ------------------------------------------------------------------ dtype */
 
@@ -211,6 +234,10 @@ tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piec
                             void *buf, size_t len);
 /* Re-checks that every source file still has the size it had at open. */
 tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck);
+/* Where bytes [off, off+len) of tensor i lie when they are one run of one
+ * file: 1 and *file, *foff set; 0 when they span pieces. */
+int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
+                    uint64_t *foff);
 
 /* ------------------------------------------------------------------ plan (plan.c) */
 

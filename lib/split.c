@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -68,6 +69,8 @@ typedef struct {
     tps_err err;
     int reporting;   /* a thread is in the progress callback */
     cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
+    int map;         /* read the source through per-task mappings */
+    size_t page;
 } engine;
 
 static oslot *slot(engine *E, size_t t, int r) { return &E->slots[t * (size_t)E->tp + (size_t)r]; }
@@ -174,25 +177,32 @@ static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len
     return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
 }
 
-static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
+/* Runs a task from the source bytes at src (a mapping of exactly the bytes
+ * the task reads), or with preads into `in` when src is NULL. */
+static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in, char *out, geom *g)
 {
     tps_ctx *ctx = E->ctx;
     const tps_ckpt *ck = E->ck;
     if (tk->kind == TASK_CONTIG) {
-        /* In sub-chunks that stay in L2: read, CRC and write touch each
-         * byte while it is cache-hot, so memory sees one read and one write. */
+        /* In sub-chunks that stay in L2, so each byte comes from memory once
+         * and the CRC reads it cache-hot. From a mapping, the write comes
+         * first: its copy pulls the bytes in, the CRC finds them there. */
         uint32_t crc = 0;
         for (uint64_t a = tk->a; a < tk->b; a += SUB) {
             size_t len = (size_t)(tk->b - a < SUB ? tk->b - a : SUB);
             uint64_t dst = tk->dst + (a - tk->a);
-            TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, a, in, len));
-            crc = tps_crc32(crc, in, len);
-            if (tk->rank >= 0) {
-                TPS_TRY(write_to(E, tk->t, tk->rank, in, len, dst));
-                continue;
+            const char *p = src ? src + (a - tk->a) : in;
+            if (!src) {
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, a, in, len));
+                crc = tps_crc32(crc, in, len);
             }
-            for (int r = 0; r < E->tp; r++)
-                if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, in, len, dst));
+            if (tk->rank >= 0) {
+                TPS_TRY(write_to(E, tk->t, tk->rank, p, len, dst));
+            } else {
+                for (int r = 0; r < E->tp; r++)
+                    if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, p, len, dst));
+            }
+            if (src) crc = tps_crc32(crc, p, len);
         }
         E->crcs[tk->crc0] = crc;
         E->crclen[tk->crc0] = tk->b - tk->a;
@@ -200,13 +210,15 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
     }
     geometry(E, tk->t, g);
     uint64_t nrows = tk->b - tk->a;
-    if (tk->full_rows) TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a * g->row, in, (size_t)(nrows * g->row)));
+    const char *rows = src ? src : in;
+    if (tk->full_rows && !src)
+        TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a * g->row, in, (size_t)(nrows * g->row)));
     for (int r = 0; r < E->tp; r++) {
         if (!E->write[r] || g->l[r] == 0) continue;
         size_t n = 0;
         for (uint64_t o = 0; o < nrows; o++) {
             if (tk->full_rows)
-                memcpy(out + n, in + o * g->row + g->s[r], (size_t)g->l[r]);
+                memcpy(out + n, rows + o * g->row + g->s[r], (size_t)g->l[r]);
             else
                 TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, (tk->a + o) * g->row + g->s[r], out + n,
                                       (size_t)g->l[r]));
@@ -217,6 +229,57 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
         TPS_TRY(write_to(E, tk->t, r, out, n, tk->a * g->l[r]));
     }
     return TPS_OK;
+}
+
+/* The source range a task reads in one run: CONTIG [a, b), whole-row ROWS
+ * their rows; ROWS that read only some ranks' slices have none. */
+static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, uint64_t *len)
+{
+    if (tk->kind == TASK_CONTIG) {
+        *off = tk->a;
+        *len = tk->b - tk->a;
+        return 1;
+    }
+    if (!tk->full_rows) return 0;
+    geometry(E, tk->t, g);
+    *off = tk->a * g->row;
+    *len = (tk->b - tk->a) * g->row;
+    return 1;
+}
+
+/* Runs a task from a read-only mapping of just the bytes it reads, when the
+ * source allows one, else with preads. A mapping per task keeps the pages
+ * this process has mapped, hence its RSS, to a task's worth; MAP_POPULATE
+ * maps them in one walk instead of a fault every 16 pages (split --threads 1
+ * of 1 GiB: 0.38 s against 0.41 s faulting, 0.46 s with preads). A page cut off
+ * by another process truncating the source raises SIGBUS (reading it) or
+ * EFAULT (a write from it): both come back as the source having changed. */
+static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
+{
+    uint64_t off, len, foff;
+    int file;
+    if (!E->map || !task_range(E, tk, g, &off, &len) ||
+        !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff))
+        return run_task_on(E, tk, NULL, in, out, g);
+    uint64_t base = foff & ~(uint64_t)(E->page - 1);
+    size_t mlen = (size_t)(foff + len - base);
+    char *const m =
+        mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd, (off_t)base);
+    if (m == MAP_FAILED) return run_task_on(E, tk, NULL, in, out, g);
+    tps_guard gd = {.lo = m, .hi = m + mlen};
+    if (sigsetjmp(gd.jb, 1)) {
+        tps_guard_leave();
+        munmap(m, mlen);
+        if (tps_ckpt_recheck(E->ctx, E->ck) != TPS_OK) return TPS_E_FORMAT;
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (an I/O error under its mapping)",
+                        E->ck->files[file].path, E->ck->t[tk->t].name);
+    }
+    tps_guard_enter(&gd);
+    tps_err rc = run_task_on(E, tk, m + (foff - base), in, out, g);
+    tps_guard_leave();
+    munmap(m, mlen);
+    if (rc && rc != TPS_E_INTERRUPTED && tps_ckpt_recheck(E->ctx, E->ck) != TPS_OK) return TPS_E_FORMAT;
+    return rc;
 }
 
 static void run_all(engine *E)
@@ -809,7 +872,11 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
             TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
         }
     }
+    /* Mapped reads unless told otherwise or the SIGBUS guard cannot be set. */
+    E.page = (size_t)sysconf(_SC_PAGESIZE);
+    E.map = !o->no_mmap && E.page > 0 && tps_guard_hold();
     run_all(&E);
+    if (E.map) tps_guard_release();
     if (E.failed) {
         rc = E.err;
         goto out;

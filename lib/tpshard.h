@@ -217,6 +217,7 @@ typedef struct {
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
     const char *out_dir;
+    int no_mmap;                /* read the source with pread only (see below) */
 } tps_split_opts;
 
 typedef struct {
@@ -226,6 +227,15 @@ typedef struct {
     int ranks_written;
 } tps_split_result;
 
+/* Writes every selected rank's files and the manifest under o->out_dir.
+ *
+ * Source bytes are read through short-lived read-only mappings (one task,
+ * at most a few MiB, at a time), so the bytes go from the page cache to the
+ * output with one copy. While it runs, a SIGBUS handler is installed: a
+ * source truncated by another process then fails the split with
+ * TPS_E_FORMAT instead of killing the program, and any other SIGBUS goes to
+ * the handler that was there before (restored on return). Set o->no_mmap
+ * to read with pread and install nothing. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 
