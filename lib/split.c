@@ -10,6 +10,8 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -286,6 +288,13 @@ static void run_all(engine *E)
 {
 #pragma omp parallel num_threads(tps_threads(E->ctx))
     {
+        /* A SIGBUS raised while blocked kills the process whatever handler
+         * is set, and a program that leaves signals to one thread blocks
+         * them in the others: unblock it here while mapped reads run. */
+        sigset_t bus, mask;
+        sigemptyset(&bus);
+        sigaddset(&bus, SIGBUS);
+        int unblocked = E->map && pthread_sigmask(SIG_UNBLOCK, &bus, &mask) == 0;
         char *in = tps_xmalloc(CHUNK), *out = tps_xmalloc(CHUNK);
         geom *g = tps_xmalloc(sizeof *g);
         if (!in || !out || !g) {
@@ -329,6 +338,7 @@ static void run_all(engine *E)
         free(in);
         free(out);
         free(g);
+        if (unblocked) pthread_sigmask(SIG_SETMASK, &mask, NULL);
     }
 }
 

@@ -9,9 +9,18 @@ export TPS_TMP="${TPS_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/tpshard-test.XXXXXX")}"
 groups="${*:-unit cli py conformance fuzz}"
 log="$TPS_TMP/run.log"; : > "$log"
 
+# A test program that dies (a crash, a signal) or exits non-zero without a
+# "not ok" line still counts as one failure: the tests it never reached
+# would otherwise just be missing from the count.
 run() { # label cmd...
-  echo "## $1" | tee -a "$log"; shift
-  "$@" 2>&1 | tee -a "$log" | grep -E '^(ok|not ok|#|skip)' || true
+  label=$1; shift
+  echo "## $label" | tee -a "$log"
+  st=0
+  "$@" >"$TPS_TMP/one.log" 2>&1 || st=$?
+  tee -a "$log" <"$TPS_TMP/one.log" | grep -E '^(ok|not ok|#|skip)' || true
+  if [ "$st" -ne 0 ] && ! grep -q '^not ok ' "$TPS_TMP/one.log"; then
+    echo "not ok - $label exited with status $st before reporting a failure" | tee -a "$log"
+  fi
 }
 
 for g in $groups; do

@@ -5,6 +5,7 @@
  * it catches faults in its range and hands every other SIGBUS on. */
 #include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -110,6 +111,19 @@ static void truncated_midway_gather(void)
 {
     split_after_change(0, "model.layers.0.input_layernorm.weight", 0, "truncated");
 }
+/* A program that handles signals in one thread blocks them in the others;
+ * the split must still catch the fault, and give the mask back as it was. */
+static void truncated_midway_sigbus_blocked(void)
+{
+    sigset_t bus, old, after;
+    sigemptyset(&bus);
+    sigaddset(&bus, SIGBUS);
+    CHECK(pthread_sigmask(SIG_BLOCK, &bus, &old) == 0);
+    split_after_change(0, "model.layers.0.input_layernorm.weight", 0, "truncated");
+    CHECK(pthread_sigmask(SIG_SETMASK, &old, &after) == 0);
+    CHECK_MSG(sigismember(&after, SIGBUS) == 1, "the split left SIGBUS unblocked");
+}
+
 static void truncated_midway_pread(void)
 {
     split_after_change(0, "model.layers.0.input_layernorm.weight", 1, "truncated");
@@ -287,6 +301,7 @@ int main(void)
     RUN(grown_source_pread);
     RUN(truncated_midway_write);
     RUN(truncated_midway_gather);
+    RUN(truncated_midway_sigbus_blocked);
     RUN(truncated_midway_pread);
     RUN(mapped_reads_are_not_preads);
     RUN(guard_catches_its_range);
