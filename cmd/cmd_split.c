@@ -110,7 +110,7 @@ int cmd_split(int argc, char **argv)
         out = outbuf;
     }
     tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out,
-                          .no_mmap = no_mmap};
+                          .map_source = !no_mmap};
     tps_split_result res;
     e = tps_split(ctx, ck, L, &so, &res);
     cli_progress_done();

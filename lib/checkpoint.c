@@ -74,6 +74,10 @@ static tps_err add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) return tps_fail(ctx, TPS_E_IO, "%s: stat: %s", f->path, strerror(errno));
     f->size = (uint64_t)sb.st_size;
+    f->mtime_s = (int64_t)sb.st_mtim.tv_sec;
+    f->mtime_ns = (int64_t)sb.st_mtim.tv_nsec;
+    f->ctime_s = (int64_t)sb.st_ctim.tv_sec;
+    f->ctime_ns = (int64_t)sb.st_ctim.tv_nsec;
     if (f->size != f->st->file_size)
         return tps_fail(ctx, TPS_E_FORMAT, "%s: file changed size while being opened", f->path);
     posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -719,16 +723,23 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
 tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
 {
     for (size_t i = 0; i < ck->nfiles; i++) {
+        const tps_cfile *f = &ck->files[i];
         struct stat sb;
-        if (fstat(ck->files[i].fd, &sb) != 0)
-            return tps_fail(ctx, TPS_E_IO, "%s: %s", ck->files[i].path, strerror(errno));
-        if ((uint64_t)sb.st_size != ck->files[i].size)
+        if (fstat(f->fd, &sb) != 0) return tps_fail(ctx, TPS_E_IO, "%s: %s", f->path, strerror(errno));
+        if ((uint64_t)sb.st_size != f->size)
             return tps_fail(ctx, TPS_E_FORMAT,
                             "%s: the file changed size while being read (was %llu bytes, now %lld): "
                             "%s by another process",
-                            ck->files[i].path, (unsigned long long)ck->files[i].size,
-                            (long long)sb.st_size,
-                            (uint64_t)sb.st_size < ck->files[i].size ? "truncated" : "rewritten");
+                            f->path, (unsigned long long)f->size, (long long)sb.st_size,
+                            (uint64_t)sb.st_size < f->size ? "truncated" : "grown");
+        /* Same size, but written to (modification time) or truncated and
+         * grown back (change time, which no one can set back). */
+        if ((int64_t)sb.st_mtim.tv_sec != f->mtime_s || (int64_t)sb.st_mtim.tv_nsec != f->mtime_ns ||
+            (int64_t)sb.st_ctim.tv_sec != f->ctime_s || (int64_t)sb.st_ctim.tv_nsec != f->ctime_ns)
+            return tps_fail(ctx, TPS_E_FORMAT,
+                            "%s: the file was modified while being read (its modification or change "
+                            "time moved): rewritten by another process",
+                            f->path);
     }
     return TPS_OK;
 }

@@ -23,6 +23,14 @@
 
 #define CHUNK (4u << 20) /* bytes a task moves; two buffers of it per thread */
 #define SUB (256u << 10) /* bytes moved per read/CRC/write step of a contiguous task */
+/* Tasks reading less than this use pread: below it the mmap and munmap cost
+ * more than the copy they save (see run_task). Tests lower it to reach the
+ * mapped path with tiny models. */
+size_t tps_split_map_min = 256u << 10;
+
+#ifndef MAP_POPULATE
+#define MAP_POPULATE 0 /* not Linux: the pages fault in as they are read */
+#endif
 
 typedef struct {
     int rank, part;
@@ -176,11 +184,19 @@ static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len
 {
     oslot *s = slot(E, ti, r);
     ofile *f = &E->files[s->file];
-    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
+    errno = 0;
+    tps_err rc = tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
+    /* EFAULT: the bytes to write could not be read, which from a mapping
+     * means the source, not this output. */
+    if (rc && errno == EFAULT)
+        rc = tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)",
+                      E->ck->path, E->ck->t[ti].name);
+    return rc;
 }
 
 /* Runs a task from the source bytes at src (a mapping of exactly the bytes
- * the task reads), or with preads into `in` when src is NULL. */
+ * the task reads), or with preads into `in` when src is NULL. ROWS tasks
+ * expect g to hold the tensor's geometry. */
 static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in, char *out, geom *g)
 {
     tps_ctx *ctx = E->ctx;
@@ -188,29 +204,36 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in,
     if (tk->kind == TASK_CONTIG) {
         /* In sub-chunks that stay in L2, so each byte comes from memory once
          * and the CRC reads it cache-hot. From a mapping, the write comes
-         * first: its copy pulls the bytes in, the CRC finds them there. */
+         * first: its copy pulls the bytes in, the CRC finds them there.
+         * Replicated bytes go through the buffer even then, so every rank
+         * and the CRC get the same bytes if the source changes meanwhile
+         * (the final recheck then fails the split anyway). */
         uint32_t crc = 0;
         for (uint64_t a = tk->a; a < tk->b; a += SUB) {
             size_t len = (size_t)(tk->b - a < SUB ? tk->b - a : SUB);
             uint64_t dst = tk->dst + (a - tk->a);
-            const char *p = src ? src + (a - tk->a) : in;
-            if (!src) {
-                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, a, in, len));
-                crc = tps_crc32(crc, in, len);
-            }
-            if (tk->rank >= 0) {
+            if (src && tk->rank >= 0) {
+                const char *p = src + (a - tk->a);
                 TPS_TRY(write_to(E, tk->t, tk->rank, p, len, dst));
-            } else {
-                for (int r = 0; r < E->tp; r++)
-                    if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, p, len, dst));
+                crc = tps_crc32(crc, p, len);
+                continue;
             }
-            if (src) crc = tps_crc32(crc, p, len);
+            if (src)
+                memcpy(in, src + (a - tk->a), len);
+            else
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, a, in, len));
+            crc = tps_crc32(crc, in, len);
+            if (tk->rank >= 0) {
+                TPS_TRY(write_to(E, tk->t, tk->rank, in, len, dst));
+                continue;
+            }
+            for (int r = 0; r < E->tp; r++)
+                if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, in, len, dst));
         }
         E->crcs[tk->crc0] = crc;
         E->crclen[tk->crc0] = tk->b - tk->a;
         return TPS_OK;
     }
-    geometry(E, tk->t, g);
     uint64_t nrows = tk->b - tk->a;
     const char *rows = src ? src : in;
     if (tk->full_rows && !src)
@@ -234,7 +257,8 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in,
 }
 
 /* The source range a task reads in one run: CONTIG [a, b), whole-row ROWS
- * their rows; ROWS that read only some ranks' slices have none. */
+ * their rows; ROWS that read only some ranks' slices have none. Fills g
+ * for ROWS tasks. */
 static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, uint64_t *len)
 {
     if (tk->kind == TASK_CONTIG) {
@@ -242,25 +266,34 @@ static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, u
         *len = tk->b - tk->a;
         return 1;
     }
-    if (!tk->full_rows) return 0;
     geometry(E, tk->t, g);
+    if (!tk->full_rows) return 0;
     *off = tk->a * g->row;
     *len = (tk->b - tk->a) * g->row;
     return 1;
 }
 
 /* Runs a task from a read-only mapping of just the bytes it reads, when the
- * source allows one, else with preads. A mapping per task keeps the pages
- * this process has mapped, hence its RSS, to a task's worth; MAP_POPULATE
- * maps them in one walk instead of a fault every 16 pages (split --threads 1
- * of 1 GiB: 0.38 s against 0.41 s faulting, 0.46 s with preads). A page cut off
- * by another process truncating the source raises SIGBUS (reading it) or
- * EFAULT (a write from it): both come back as the source having changed. */
+ * split maps its source, the task reads at least tps_split_map_min bytes and they lie
+ * in one file; else with preads.
+ *
+ * Why: pwrite from the mapping copies each byte once, page cache to page
+ * cache, as cp's copy_file_range does; pread into a buffer and pwrite from
+ * it copies it twice (split --threads 1 of 1 GiB at tp 8: 0.38 s mapped,
+ * 0.46 s with preads). A mapping per task keeps the pages this process has
+ * mapped, hence its RSS, to a task's worth. MAP_POPULATE maps them in one
+ * walk instead of a fault every 16 pages (0.41 s faulting). Small tasks
+ * (a checkpoint of 13,500 tensors of 8 KiB) ran 1.5x slower mapped: an mmap
+ * and munmap cost more than the copy they save, hence tps_split_map_min.
+ *
+ * A page cut off by another process truncating the source raises SIGBUS
+ * (reading it) or EFAULT (a write from it): both end in the source being
+ * rechecked and reported as changed. */
 static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
 {
     uint64_t off, len, foff;
     int file;
-    if (!E->map || !task_range(E, tk, g, &off, &len) ||
+    if (!task_range(E, tk, g, &off, &len) || !E->map || len < tps_split_map_min ||
         !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff))
         return run_task_on(E, tk, NULL, in, out, g);
     uint64_t base = foff & ~(uint64_t)(E->page - 1);
@@ -269,18 +302,22 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
         mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd, (off_t)base);
     if (m == MAP_FAILED) return run_task_on(E, tk, NULL, in, out, g);
     tps_guard gd = {.lo = m, .hi = m + mlen};
-    if (sigsetjmp(gd.jb, 1)) {
+    if (sigsetjmp(gd.jb, 0)) {
         tps_guard_leave();
         munmap(m, mlen);
-        if (tps_ckpt_recheck(E->ctx, E->ck) != TPS_OK) return TPS_E_FORMAT;
-        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (an I/O error under its mapping)",
+        tps_err rc = tps_ckpt_recheck(E->ctx, E->ck);
+        if (rc) return rc;
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (SIGBUS under its mapping)",
                         E->ck->files[file].path, E->ck->t[tk->t].name);
     }
     tps_guard_enter(&gd);
     tps_err rc = run_task_on(E, tk, m + (foff - base), in, out, g);
     tps_guard_leave();
     munmap(m, mlen);
-    if (rc && rc != TPS_E_INTERRUPTED && tps_ckpt_recheck(E->ctx, E->ck) != TPS_OK) return TPS_E_FORMAT;
+    if (rc && rc != TPS_E_INTERRUPTED) {
+        tps_err rc2 = tps_ckpt_recheck(E->ctx, E->ck);
+        if (rc2) return rc2;
+    }
     return rc;
 }
 
@@ -290,11 +327,13 @@ static void run_all(engine *E)
     {
         /* A SIGBUS raised while blocked kills the process whatever handler
          * is set, and a program that leaves signals to one thread blocks
-         * them in the others: unblock it here while mapped reads run. */
+         * them in the others: unblock it here while mapped reads run, and
+         * block it again after. */
         sigset_t bus, mask;
         sigemptyset(&bus);
         sigaddset(&bus, SIGBUS);
-        int unblocked = E->map && pthread_sigmask(SIG_UNBLOCK, &bus, &mask) == 0;
+        int reblock = E->map && pthread_sigmask(SIG_UNBLOCK, &bus, &mask) == 0 &&
+                      sigismember(&mask, SIGBUS) == 1;
         char *in = tps_xmalloc(CHUNK), *out = tps_xmalloc(CHUNK);
         geom *g = tps_xmalloc(sizeof *g);
         if (!in || !out || !g) {
@@ -338,7 +377,7 @@ static void run_all(engine *E)
         free(in);
         free(out);
         free(g);
-        if (unblocked) pthread_sigmask(SIG_SETMASK, &mask, NULL);
+        if (reblock) pthread_sigmask(SIG_BLOCK, &bus, NULL);
     }
 }
 
@@ -882,9 +921,10 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
             TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
         }
     }
-    /* Mapped reads unless told otherwise or the SIGBUS guard cannot be set. */
-    E.page = (size_t)sysconf(_SC_PAGESIZE);
-    E.map = !o->no_mmap && E.page > 0 && tps_guard_hold();
+    /* Mapped reads when asked for and the SIGBUS guard can be set. */
+    long pg = sysconf(_SC_PAGESIZE);
+    E.page = pg > 0 ? (size_t)pg : 4096;
+    E.map = o->map_source && pg > 0 && tps_guard_hold();
     run_all(&E);
     if (E.map) tps_guard_release();
     if (E.failed) {

@@ -217,7 +217,7 @@ typedef struct {
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
     const char *out_dir;
-    int no_mmap;                /* read the source with pread only (see below) */
+    int map_source;             /* read the source through mappings (see below) */
 } tps_split_opts;
 
 typedef struct {
@@ -229,13 +229,16 @@ typedef struct {
 
 /* Writes every selected rank's files and the manifest under o->out_dir.
  *
- * Source bytes are read through short-lived read-only mappings (one task,
- * at most a few MiB, at a time), so the bytes go from the page cache to the
- * output with one copy. While it runs, a SIGBUS handler is installed: a
- * source truncated by another process then fails the split with
- * TPS_E_FORMAT instead of killing the program, and any other SIGBUS goes to
- * the handler that was there before (restored on return). Set o->no_mmap
- * to read with pread and install nothing. */
+ * By default source bytes are read with pread into buffers. With
+ * o->map_source (what the tpshard command does unless --no-mmap), copy
+ * tasks of 256 KiB or more read through short-lived read-only mappings of
+ * their range instead, so each byte is copied once from the page cache to
+ * the output. While such a split runs, a SIGBUS handler is installed and
+ * the copy threads have SIGBUS unblocked: a source truncated by another
+ * process then fails the split with TPS_E_FORMAT instead of killing the
+ * program, and any other SIGBUS is handled as the action it replaced would
+ * have (that action is put back on return). Either way, a source whose
+ * size, modification or change time moved during the split fails it. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 

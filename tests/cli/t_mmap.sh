@@ -1,9 +1,11 @@
 #!/bin/sh
-# split reads its source through per-task mappings by default and with
-# pread under --no-mmap: both must write the same bytes, file for file, for
-# every conformance case, a model whose tensors span many copy tasks (one
-# file and indexed), a resharded shard directory (tensors made of pieces),
-# --ranks, --max-part-size and one thread.
+# split reads its source through per-task mappings by default (tasks of
+# 256 KiB or more) and with pread under --no-mmap: both must write the same
+# bytes, file for file, for every conformance case (their tasks are small:
+# these mostly check the threshold), a model whose tensors span many copy
+# tasks (one file and indexed), resharded shard directories (tensors made
+# of pieces), --ranks, --max-part-size and one thread. And the command does
+# map by default.
 . "$TOP/tests/cli/lib.sh"
 
 # same_dirs A B: the same file names, each byte-identical.
@@ -60,6 +62,36 @@ if tps split "$T/big" --tp 4 -o "$T/d4" -q 2>"$ERR"; then
     notok "reshard through pieces differs from a direct split:$bad"
 else
   notok "direct split at tp 4"; diag "$ERR"
+fi
+
+both "reshard tp 8 -> 8 (whole pieces)" "$T/s8" --tp 8
+both "reshard tp 8 -> 2" "$T/s8" --tp 2
+
+# The command maps by default: bytes it read(2)/pread(2) (rchar of
+# /proc/PID/io, read before the child is reaped) stay far below the input's
+# size, where --no-mmap reads all of it.
+rchar() { # ARGS...: prints the rchar of `tpshard ARGS...`
+  python3 - "$TPSHARD" "$@" <<'PY'
+import os, subprocess, sys
+p = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+io = open(f"/proc/{p.pid}/io").read()
+p.wait()
+print(next(l.split()[1] for l in io.splitlines() if l.startswith("rchar:")) if p.returncode == 0 else -1)
+PY
+}
+if [ -r /proc/self/io ]; then
+  size=$(cat "$T/big/model.safetensors" | wc -c)
+  rm -rf "$T/a" "$T/b"
+  ra=$(rchar split "$T/big" --tp 2 -o "$T/a" -q)
+  rb=$(rchar split "$T/big" --tp 2 -o "$T/b" -q --no-mmap)
+  if [ "$ra" -ge 0 ] && [ "$rb" -ge "$size" ] && [ $((ra * 2)) -lt "$size" ]; then
+    ok "split maps by default (read $ra bytes of $size; --no-mmap read $rb)"
+  else
+    notok "split does not map by default: read $ra bytes of $size; --no-mmap read $rb"
+  fi
+else
+  ok "split maps by default # SKIP no /proc/self/io"
 fi
 
 finish

@@ -40,25 +40,53 @@ static int finals_in(const char *out)
     return n;
 }
 
-/* Truncates the model when the task of tensor `after` has been written. */
+/* What happens to the model when the task of tensor `after` is done. */
+typedef enum { CUT = 0, REWRITE, CUT_AND_REGROW } change;
+
 typedef struct {
     const char *model, *after;
+    change how;
     int done;
-} cut_at;
+} change_at;
 
-static void cut_progress(void *user, uint64_t done, uint64_t total, const char *what)
+static void change_progress(void *user, uint64_t done, uint64_t total, const char *what)
 {
-    cut_at *c = user;
+    change_at *c = user;
     (void)done;
     (void)total;
-    if (!c->done && what && strcmp(what, c->after) == 0) {
-        c->done = truncate(c->model, 4096) == 0 ? 1 : -1;
+    if (c->done || !what || (c->after[0] && strcmp(what, c->after) != 0)) return;
+    struct stat sb;
+    int ok = stat(c->model, &sb) == 0;
+    /* Timestamps move in clock ticks of a few ms: let one pass since the
+     * model was opened, or a change could leave them as they were. */
+    usleep(30000);
+    if (c->how == REWRITE) {
+        /* Same size, one byte in the data flipped. */
+        int fd = open(c->model, O_RDWR);
+        unsigned char b = 0;
+        ok = ok && fd >= 0 && pread(fd, &b, 1, 5000) == 1;
+        b ^= 0xff;
+        ok = ok && pwrite(fd, &b, 1, 5000) == 1;
+        if (fd >= 0) close(fd);
+    } else {
+        ok = ok && truncate(c->model, 4096) == 0;
+        if (c->how == CUT_AND_REGROW) ok = ok && truncate(c->model, sb.st_size) == 0;
     }
+    c->done = ok ? 1 : -1;
 }
 
-/* Open, change the file by `delta` bytes (before the split, or to 4096
- * bytes once tensor `after` is written), split: must fail. */
-static void split_after_change(long delta, const char *after, int no_mmap, const char *word)
+typedef struct {
+    long delta;        /* before the split: change the size by this */
+    const char *after; /* else: change it once this tensor is written ("" = the first task) */
+    change how;
+    int pread;         /* --no-mmap */
+    int threads;       /* 0: 1 */
+    const char *word;  /* expected in the message */
+} scenario;
+
+/* Open, change the file, split: must fail, naming the file and the change,
+ * and leave nothing under a final name. */
+static void split_after_change(scenario sc)
 {
     char model[300], out[300], cfg[300];
     static int seq;
@@ -71,24 +99,24 @@ static void split_after_change(long delta, const char *after, int no_mmap, const
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;
     tps_layout *L = NULL;
-    cut_at cut = {.model = model, .after = after};
-    tps_ctx_set_threads(ctx, 1); /* tasks run in tensor order */
+    change_at ch = {.model = model, .after = sc.after, .how = sc.how};
+    tps_ctx_set_threads(ctx, sc.threads ? sc.threads : 1); /* one: tasks run in tensor order */
     CHECK(tps_ckpt_open(ctx, dir, &ck) == TPS_OK);
     CHECK(tps_plan_detect(ctx, ck, &plan) == TPS_OK);
     CHECK(tps_layout_new(ctx, ck, plan, 4, &L) == TPS_OK);
-    if (after) {
-        tps_ctx_set_progress(ctx, cut_progress, &cut);
+    if (sc.after) {
+        tps_ctx_set_progress(ctx, change_progress, &ch);
     } else {
         struct stat sb;
         stat(model, &sb);
-        CHECK(truncate(model, sb.st_size + delta) == 0);
+        CHECK(truncate(model, sb.st_size + sc.delta) == 0);
     }
-    tps_split_opts o = {.tp = 4, .out_dir = out, .no_mmap = no_mmap};
+    tps_split_opts o = {.tp = 4, .out_dir = out, .map_source = !sc.pread};
     tps_split_result r;
     tps_err e = tps_split(ctx, ck, L, &o, &r);
-    if (after) CHECK_MSG(cut.done == 1, "the progress callback never saw '%s'", after);
+    if (sc.after) CHECK_MSG(ch.done == 1, "the progress callback never saw '%s'", sc.after);
     CHECK_MSG(e == TPS_E_FORMAT, "got %d: %s", (int)e, tps_ctx_errmsg(ctx));
-    CHECK_MSG(strstr(tps_ctx_errmsg(ctx), word) && strstr(tps_ctx_errmsg(ctx), "model.safetensors"),
+    CHECK_MSG(strstr(tps_ctx_errmsg(ctx), sc.word) && strstr(tps_ctx_errmsg(ctx), "model.safetensors"),
               "message: %s", tps_ctx_errmsg(ctx));
     CHECK_MSG(finals_in(out) == 0, "%d files left under final names", finals_in(out));
     tps_layout_free(L);
@@ -97,20 +125,27 @@ static void split_after_change(long delta, const char *after, int no_mmap, const
     tps_ctx_free(ctx);
 }
 
-static void truncated_source(void) { split_after_change(-5000, NULL, 0, "truncated"); }
-static void truncated_source_pread(void) { split_after_change(-5000, NULL, 1, "truncated"); }
-static void grown_source(void) { split_after_change(+123, NULL, 0, "changed size"); }
-static void grown_source_pread(void) { split_after_change(+123, NULL, 1, "changed size"); }
+static void truncated_source(void) { split_after_change((scenario){.delta = -5000, .word = "truncated"}); }
+static void truncated_source_pread(void)
+{
+    split_after_change((scenario){.delta = -5000, .pread = 1, .word = "truncated"});
+}
+static void grown_source(void) { split_after_change((scenario){.delta = 123, .word = "grown"}); }
+static void grown_source_pread(void) { split_after_change((scenario){.delta = 123, .pread = 1, .word = "grown"}); }
 
 /* Cut while splitting. The next task after lm_head is embed_tokens, a
  * contiguous copy: its write from the mapping fails with EFAULT. After
  * input_layernorm comes down_proj, gathered row by row from the mapping:
  * that read raises SIGBUS, which the guard must catch. */
-static void truncated_midway_write(void) { split_after_change(0, "lm_head.weight", 0, "truncated"); }
+static void truncated_midway_write(void)
+{
+    split_after_change((scenario){.after = "lm_head.weight", .word = "truncated"});
+}
 static void truncated_midway_gather(void)
 {
-    split_after_change(0, "model.layers.0.input_layernorm.weight", 0, "truncated");
+    split_after_change((scenario){.after = "model.layers.0.input_layernorm.weight", .word = "truncated"});
 }
+
 /* A program that handles signals in one thread blocks them in the others;
  * the split must still catch the fault, and give the mask back as it was. */
 static void truncated_midway_sigbus_blocked(void)
@@ -119,14 +154,41 @@ static void truncated_midway_sigbus_blocked(void)
     sigemptyset(&bus);
     sigaddset(&bus, SIGBUS);
     CHECK(pthread_sigmask(SIG_BLOCK, &bus, &old) == 0);
-    split_after_change(0, "model.layers.0.input_layernorm.weight", 0, "truncated");
+    split_after_change((scenario){.after = "model.layers.0.input_layernorm.weight", .word = "truncated"});
     CHECK(pthread_sigmask(SIG_SETMASK, &old, &after) == 0);
     CHECK_MSG(sigismember(&after, SIGBUS) == 1, "the split left SIGBUS unblocked");
+    /* And one that did not block it finds it unblocked. */
+    split_after_change((scenario){.after = "model.layers.0.input_layernorm.weight", .word = "truncated"});
+    CHECK(pthread_sigmask(SIG_SETMASK, NULL, &after) == 0);
+    CHECK_MSG(sigismember(&after, SIGBUS) == 0, "the split left SIGBUS blocked");
 }
 
 static void truncated_midway_pread(void)
 {
-    split_after_change(0, "model.layers.0.input_layernorm.weight", 1, "truncated");
+    split_after_change(
+        (scenario){.after = "model.layers.0.input_layernorm.weight", .pread = 1, .word = "truncated"});
+}
+
+/* Two threads, cut after whichever task ends first: whichever thread meets
+ * the cut (or the final recheck) must report it. */
+static void truncated_midway_two_threads(void)
+{
+    split_after_change((scenario){.after = "", .threads = 2, .word = "truncated"});
+    split_after_change((scenario){.after = "", .threads = 2, .pread = 1, .word = "truncated"});
+}
+
+/* Same size at the end, but written to: only the timestamps can tell. */
+static void rewritten_midway(void)
+{
+    split_after_change((scenario){.after = "lm_head.weight", .how = REWRITE, .word = "modified"});
+    split_after_change((scenario){.after = "lm_head.weight", .how = REWRITE, .pread = 1, .word = "modified"});
+}
+
+static void cut_and_regrown_midway(void)
+{
+    split_after_change((scenario){.after = "lm_head.weight", .how = CUT_AND_REGROW, .word = "modified"});
+    split_after_change(
+        (scenario){.after = "lm_head.weight", .how = CUT_AND_REGROW, .pread = 1, .word = "modified"});
 }
 
 /* rchar of /proc/self/io: bytes this process got from read(2) and pread(2),
@@ -170,7 +232,7 @@ static void mapped_reads_are_not_preads(void)
         CHECK(tps_layout_new(ctx, ck, plan, 4, &L) == TPS_OK);
         uint64_t data = 0;
         for (size_t i = 0; i < ck->n; i++) data += ck->t[i].nbytes;
-        tps_split_opts o = {.tp = 4, .out_dir = out, .no_mmap = no_mmap};
+        tps_split_opts o = {.tp = 4, .out_dir = out, .map_source = !no_mmap};
         tps_split_result r;
         long long before = rchar();
         CHECK_MSG(tps_split(ctx, ck, L, &o, &r) == TPS_OK, "%s", tps_ctx_errmsg(ctx));
@@ -227,7 +289,7 @@ static void guard_catches_its_range(void)
     CHECK(tps_guard_hold());
     volatile int caught = 0, sum = 0;
     tps_guard g = {.lo = m, .hi = m + len};
-    if (sigsetjmp(g.jb, 1)) {
+    if (sigsetjmp(g.jb, 0)) {
         tps_guard_leave();
         caught = 1;
     } else {
@@ -239,7 +301,7 @@ static void guard_catches_its_range(void)
     CHECK_MSG(caught == 1, "a read past the end was not caught");
     /* The mask was restored: a second fault is caught too. */
     caught = 0;
-    if (sigsetjmp(g.jb, 1)) {
+    if (sigsetjmp(g.jb, 0)) {
         tps_guard_leave();
         caught = 1;
     } else {
@@ -290,10 +352,142 @@ static void guard_hands_on_the_rest(void)
     munmap(m, len);
 }
 
+/* tps_ckpt_locate against tps_ckpt_read: on a shard directory (tensors
+ * made of pieces in rank files), every range it places in one file must
+ * hold the bytes a read of that range gives. */
+static void locate_agrees_with_read(void)
+{
+    char model[300], cfg[300], out[300];
+    snprintf(model, sizeof model, "%s/model.safetensors", dir);
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    snprintf(out, sizeof out, "%s/tp3", dir);
+    CHECK(copy("testdata/conformance/llama-tp3/model/model.safetensors", model));
+    CHECK(copy("testdata/conformance/llama-tp3/model/config.json", cfg));
+    tps_ctx *ctx = tps_ctx_new();
+    tps_ckpt *ck = NULL, *sh = NULL;
+    tps_plan *plan = NULL;
+    tps_layout *L = NULL;
+    CHECK(tps_ckpt_open(ctx, dir, &ck) == TPS_OK);
+    CHECK(tps_plan_detect(ctx, ck, &plan) == TPS_OK);
+    CHECK(tps_layout_new(ctx, ck, plan, 3, &L) == TPS_OK);
+    tps_split_opts o = {.tp = 3, .out_dir = out};
+    tps_split_result r;
+    CHECK_MSG(tps_split(ctx, ck, L, &o, &r) == TPS_OK, "%s", tps_ctx_errmsg(ctx));
+    CHECK_MSG(tps_ckpt_open(ctx, out, &sh) == TPS_OK, "%s", tps_ctx_errmsg(ctx));
+    unsigned seed = 12345;
+    int located = 0, bad = 0;
+    char *a = malloc(1 << 16), *b = malloc(1 << 16);
+    for (int k = 0; sh && a && b && k < 20000; k++) {
+        size_t i = (seed = seed * 1103515245u + 12345u) % sh->n;
+        uint64_t n = sh->t[i].nbytes;
+        if (n == 0) continue;
+        uint64_t off = (seed = seed * 1103515245u + 12345u) % n;
+        uint64_t len = 1 + (seed = seed * 1103515245u + 12345u) % (n - off);
+        if (len > (1 << 16)) len = 1 << 16;
+        int file;
+        uint64_t foff;
+        if (!tps_ckpt_locate(sh, i, off, len, &file, &foff)) continue;
+        located++;
+        if (tps_ckpt_read(ctx, sh, i, off, a, (size_t)len) != TPS_OK ||
+            pread(sh->files[file].fd, b, (size_t)len, (off_t)foff) != (ssize_t)len ||
+            memcmp(a, b, (size_t)len) != 0)
+            bad++;
+    }
+    CHECK_MSG(bad == 0, "%d of %d located ranges hold other bytes than a read gives", bad, located);
+    CHECK_MSG(located > 1000, "only %d ranges located", located);
+    free(a);
+    free(b);
+    tps_ckpt_free(sh);
+    tps_layout_free(L);
+    tps_plan_free(plan);
+    tps_ckpt_free(ck);
+    tps_ctx_free(ctx);
+}
+
+static volatile int plain_seen;
+static void plain_handler(int sig)
+{
+    (void)sig;
+    plain_seen++;
+}
+
+/* Installs `sa` for SIGBUS, holds the guard, sends SIGBUS (not a fault, so
+ * not the guard's), releases; returns how the signal was handled through
+ * the counters, and checks that `sa` is back afterwards. */
+static void sent_while_held(struct sigaction *sa, const char *what)
+{
+    struct sigaction old, now;
+    CHECK(sigaction(SIGBUS, sa, &old) == 0);
+    CHECK(tps_guard_hold());
+    raise(SIGBUS);
+    tps_guard_release();
+    CHECK(sigaction(SIGBUS, &old, &now) == 0);
+    CHECK_MSG(now.sa_handler == sa->sa_handler, "%s: release did not put the action back", what);
+}
+
+/* Each kind of earlier action keeps its meaning while the guard is held:
+ * ignored (with or without SA_SIGINFO, the two share storage), a plain
+ * handler, a one-shot handler; and release leaves alone a handler someone
+ * installed over ours meanwhile. */
+static void guard_keeps_earlier_actions(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = SIG_IGN;
+    sent_while_held(&sa, "SIG_IGN"); /* surviving it is the check */
+    sa.sa_flags = SA_SIGINFO;
+    sent_while_held(&sa, "SIG_IGN with SA_SIGINFO");
+
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = plain_handler;
+    plain_seen = 0;
+    sent_while_held(&sa, "plain handler");
+    CHECK_MSG(plain_seen == 1, "the plain handler saw %d signals", plain_seen);
+
+    /* One-shot: the handler once, then the default, which kills. */
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct sigaction once;
+        memset(&once, 0, sizeof once);
+        sigemptyset(&once.sa_mask);
+        once.sa_handler = plain_handler;
+        once.sa_flags = SA_RESETHAND;
+        sigaction(SIGBUS, &once, NULL);
+        tps_guard_hold();
+        plain_seen = 0;
+        raise(SIGBUS);
+        if (plain_seen != 1) _exit(3);
+        raise(SIGBUS);
+        _exit(4);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "one-shot handler: child status %#x", st);
+
+    /* Someone else's handler, installed while held, stays after release. */
+    struct sigaction dfl, other, now;
+    memset(&dfl, 0, sizeof dfl);
+    sigemptyset(&dfl.sa_mask);
+    dfl.sa_handler = SIG_DFL;
+    CHECK(sigaction(SIGBUS, &dfl, NULL) == 0);
+    CHECK(tps_guard_hold());
+    memset(&other, 0, sizeof other);
+    sigemptyset(&other.sa_mask);
+    other.sa_handler = plain_handler;
+    CHECK(sigaction(SIGBUS, &other, NULL) == 0);
+    tps_guard_release();
+    CHECK(sigaction(SIGBUS, &dfl, &now) == 0);
+    CHECK_MSG(now.sa_handler == plain_handler, "release replaced a handler installed after the hold");
+}
+
 int main(void)
 {
     const char *tmp = getenv("TPS_TMP") ? getenv("TPS_TMP") : "/tmp";
     snprintf(dir, sizeof dir, "%s/srcchange.XXXXXX", tmp);
+    tps_split_map_min = 1; /* map every task of these tiny models */
     if (!mkdtemp(dir)) return 1;
     RUN(truncated_source);
     RUN(truncated_source_pread);
@@ -303,8 +497,13 @@ int main(void)
     RUN(truncated_midway_gather);
     RUN(truncated_midway_sigbus_blocked);
     RUN(truncated_midway_pread);
+    RUN(truncated_midway_two_threads);
+    RUN(rewritten_midway);
+    RUN(cut_and_regrown_midway);
     RUN(mapped_reads_are_not_preads);
+    RUN(locate_agrees_with_read);
     RUN(guard_catches_its_range);
     RUN(guard_hands_on_the_rest);
+    RUN(guard_keeps_earlier_actions);
     TEST_EXIT();
 }
