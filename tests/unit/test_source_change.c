@@ -315,6 +315,55 @@ static void guard_catches_its_range(void)
     munmap(m, len);
 }
 
+/* Runs body(arg) in a child process; its wait status. */
+static int in_child(void (*body)(void *), void *arg)
+{
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) {
+        body(arg);
+        _exit(0);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return st;
+}
+
+/* A fault outside any guard, with the default action before the hold (a
+ * sanitizer installs its own). */
+static void unguarded_fault(void *p)
+{
+    signal(SIGBUS, SIG_DFL);
+    tps_guard_hold();
+    volatile char c = *(volatile char *)p;
+    (void)c;
+}
+
+static volatile int plain_seen;
+static void plain_handler(int sig)
+{
+    (void)sig;
+    plain_seen++;
+}
+
+/* A one-shot handler sees the first SIGBUS; the second gets the default. */
+static void one_shot_twice(void *unused)
+{
+    (void)unused;
+    struct sigaction once;
+    memset(&once, 0, sizeof once);
+    sigemptyset(&once.sa_mask);
+    once.sa_handler = plain_handler;
+    once.sa_flags = SA_RESETHAND;
+    sigaction(SIGBUS, &once, NULL);
+    tps_guard_hold();
+    plain_seen = 0;
+    raise(SIGBUS);
+    if (plain_seen != 1) _exit(3);
+    raise(SIGBUS);
+    _exit(4);
+}
+
 /* Outside a guard, SIGBUS kills as by default; with a handler installed
  * before, that handler gets it; and release puts that handler back. */
 static void guard_hands_on_the_rest(void)
@@ -323,17 +372,7 @@ static void guard_hands_on_the_rest(void)
     char *m = cut_mapping(&len);
     CHECK(m != NULL);
     if (!m) return;
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        signal(SIGBUS, SIG_DFL); /* what was there before: the default (a sanitizer has its own) */
-        tps_guard_hold();
-        volatile char c = m[2 * pg]; /* no guard entered */
-        (void)c;
-        _exit(0);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
+    int st = in_child(unguarded_fault, m + 2 * pg);
     CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "child status %#x, wanted death by SIGBUS", st);
 
     struct sigaction sa, old, now;
@@ -404,13 +443,6 @@ static void locate_agrees_with_read(void)
     tps_ctx_free(ctx);
 }
 
-static volatile int plain_seen;
-static void plain_handler(int sig)
-{
-    (void)sig;
-    plain_seen++;
-}
-
 /* Installs `sa` for SIGBUS, holds the guard, sends SIGBUS (not a fault, so
  * not the guard's), releases; returns how the signal was handled through
  * the counters, and checks that `sa` is back afterwards. */
@@ -447,24 +479,7 @@ static void guard_keeps_earlier_actions(void)
     CHECK_MSG(plain_seen == 1, "the plain handler saw %d signals", plain_seen);
 
     /* One-shot: the handler once, then the default, which kills. */
-    fflush(stdout);
-    pid_t pid = fork();
-    if (pid == 0) {
-        struct sigaction once;
-        memset(&once, 0, sizeof once);
-        sigemptyset(&once.sa_mask);
-        once.sa_handler = plain_handler;
-        once.sa_flags = SA_RESETHAND;
-        sigaction(SIGBUS, &once, NULL);
-        tps_guard_hold();
-        plain_seen = 0;
-        raise(SIGBUS);
-        if (plain_seen != 1) _exit(3);
-        raise(SIGBUS);
-        _exit(4);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
+    int st = in_child(one_shot_twice, NULL);
     CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "one-shot handler: child status %#x", st);
 
     /* Someone else's handler, installed while held, stays after release. */
