@@ -76,8 +76,6 @@ static tps_err add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     f->size = (uint64_t)sb.st_size;
     f->mtime_s = (int64_t)sb.st_mtim.tv_sec;
     f->mtime_ns = (int64_t)sb.st_mtim.tv_nsec;
-    f->ctime_s = (int64_t)sb.st_ctim.tv_sec;
-    f->ctime_ns = (int64_t)sb.st_ctim.tv_nsec;
     if (f->size != f->st->file_size)
         return tps_fail(ctx, TPS_E_FORMAT, "%s: file changed size while being opened", f->path);
     posix_fadvise(f->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
@@ -732,13 +730,13 @@ tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
                             "%s by another process",
                             f->path, (unsigned long long)f->size, (long long)sb.st_size,
                             (uint64_t)sb.st_size < f->size ? "truncated" : "grown");
-        /* Same size, but written to (modification time) or truncated and
-         * grown back (change time, which no one can set back). */
-        if ((int64_t)sb.st_mtim.tv_sec != f->mtime_s || (int64_t)sb.st_mtim.tv_nsec != f->mtime_ns ||
-            (int64_t)sb.st_ctim.tv_sec != f->ctime_s || (int64_t)sb.st_ctim.tv_nsec != f->ctime_ns)
+        /* Same size, but written to, or truncated and grown back: both move
+         * the modification time. (Not the change time: chmod, a rename, a
+         * link or an xattr move it too, with the bytes unchanged.) */
+        if ((int64_t)sb.st_mtim.tv_sec != f->mtime_s || (int64_t)sb.st_mtim.tv_nsec != f->mtime_ns)
             return tps_fail(ctx, TPS_E_FORMAT,
-                            "%s: the file was modified while being read (its modification or change "
-                            "time moved): rewritten by another process",
+                            "%s: the file was modified while being read (its modification time "
+                            "moved): written by another process",
                             f->path);
     }
     return TPS_OK;

@@ -9,7 +9,9 @@
  *
  * The handler is installed only while a guard user holds a reference
  * (tps_guard_hold / tps_guard_release); the last release puts the previous
- * action back, unless someone replaced ours meanwhile. */
+ * action back, unless someone replaced ours meanwhile. An action installed
+ * over ours that chains back to us ends in the default action rather than
+ * a loop. */
 #include "internal.h"
 
 #include <pthread.h>
@@ -38,8 +40,20 @@ static int access_fault(const siginfo_t *si)
     }
 }
 
-/* Installed with SA_NODEFER and an empty mask, so jumping out of it leaves
- * the thread's signal mask as it was: callers use sigsetjmp(jb, 0). */
+static int one_shot_used; /* an SA_RESETHAND action has run once */
+static _Thread_local int chaining; /* this thread is in the action we replaced */
+
+/* The default action: death by SIGBUS (the kernel forces it on a fault that
+ * is ignored). */
+static void die_of_sigbus(void)
+{
+    signal(SIGBUS, SIG_DFL);
+    raise(SIGBUS);
+}
+
+/* Installed with SA_NODEFER and an empty mask, so a nested fault reaches
+ * it; callers still save the mask with sigsetjmp(jb, 1), since an action
+ * installed over ours may call us with its own mask in force. */
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
     tps_guard *g = guard_cur;
@@ -48,32 +62,42 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         guard_cur = NULL;
         siglongjmp(g->jb, 1);
     }
-    /* Not ours: what the replaced action would have done. Its disposition
-     * first: with SA_SIGINFO set, SIG_IGN and SIG_DFL still read as such
-     * through sa_handler (the two share storage). */
-    void (*h)(int) = guard_old.sa_handler;
-    if (h == SIG_IGN && !access_fault(si)) return; /* a sent signal, ignored */
-    if (h == SIG_IGN || h == SIG_DFL) {
-        /* The default action (the kernel forces it on an ignored fault). */
-        signal(SIGBUS, SIG_DFL);
-        raise(SIGBUS);
+    /* Not ours: what the replaced action would have done. One copy of it,
+     * read once. Its disposition first: with SA_SIGINFO set, SIG_IGN and
+     * SIG_DFL still read as such through sa_handler (they share storage). */
+    struct sigaction old = guard_old;
+    void (*h)(int) = old.sa_handler;
+    if (chaining) {
+        /* That action called us back (it chains to the one it replaced,
+         * which was ours): a loop, which only the default ends. */
+        die_of_sigbus();
+        return;
+    }
+    if (h == SIG_IGN) {
+        /* Sent, or a notice: ignored as before. A fault: the default. */
+        if (!si || si->si_code <= 0
+#ifdef BUS_MCEERR_AO
+            || si->si_code == BUS_MCEERR_AO
+#endif
+        )
+            return;
+        die_of_sigbus();
+        return;
+    }
+    if (h == SIG_DFL || ((old.sa_flags & SA_RESETHAND) && __atomic_exchange_n(&one_shot_used, 1, __ATOMIC_SEQ_CST))) {
+        die_of_sigbus();
         return;
     }
     sigset_t block, saved;
-    block = guard_old.sa_mask;
-    if (!(guard_old.sa_flags & SA_NODEFER)) sigaddset(&block, SIGBUS);
+    block = old.sa_mask;
+    if (!(old.sa_flags & SA_NODEFER)) sigaddset(&block, SIGBUS);
     sigprocmask(SIG_BLOCK, &block, &saved);
-    int info = (guard_old.sa_flags & SA_SIGINFO) != 0;
-    void (*ha)(int, siginfo_t *, void *) = guard_old.sa_sigaction;
-    if (guard_old.sa_flags & SA_RESETHAND) {
-        /* One-shot: later signals that are not ours get the default. */
-        guard_old.sa_handler = SIG_DFL;
-        guard_old.sa_flags &= ~SA_SIGINFO;
-    }
-    if (info)
-        ha(sig, si, uc);
+    chaining = 1;
+    if (old.sa_flags & SA_SIGINFO)
+        old.sa_sigaction(sig, si, uc);
     else
         h(sig);
+    chaining = 0;
     sigprocmask(SIG_SETMASK, &saved, NULL);
 }
 
@@ -83,13 +107,23 @@ int tps_guard_hold(void)
     pthread_mutex_lock(&guard_lock);
     if (guard_refs == 0) {
         /* Read the old action before ours goes in: a signal arriving while
-         * sigaction runs must find it. */
-        ok = sigaction(SIGBUS, NULL, &guard_old) == 0;
+         * sigaction runs must find it. Ours still installed (someone put
+         * it back after a release) is not an old action: keep the one we
+         * replaced first. */
+        struct sigaction cur;
+        ok = sigaction(SIGBUS, NULL, &cur) == 0;
+        if (ok && !((cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_sigbus)) {
+            guard_old = cur;
+            one_shot_used = 0;
+        }
         if (ok) {
             struct sigaction sa;
             memset(&sa, 0, sizeof sa);
             sa.sa_sigaction = on_sigbus;
+            /* Restart what the old action restarted; an ignored signal
+             * interrupted nothing, so restart then too. */
             sa.sa_flags = SA_SIGINFO | SA_NODEFER | (guard_old.sa_flags & (SA_ONSTACK | SA_RESTART));
+            if (guard_old.sa_handler == SIG_IGN) sa.sa_flags |= SA_RESTART;
             sigemptyset(&sa.sa_mask);
             ok = sigaction(SIGBUS, &sa, NULL) == 0;
         }
@@ -116,6 +150,7 @@ void tps_guard_release(void)
  * the guarded reads around it. */
 void tps_guard_enter(tps_guard *g)
 {
+    chaining = 0; /* a chained action that jumped out of us is over */
     guard_cur = g;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
 }

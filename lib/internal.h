@@ -93,19 +93,19 @@ uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len);
 /* ------------------------------------------------------------------ guard */
 
 /* Reads of a mapped file inside a guard turn the SIGBUS of a truncated (or
- * unreadable) page in [lo, hi) into a return from sigsetjmp(jb, 0) != 0:
+ * unreadable) page in [lo, hi) into a return from sigsetjmp(jb, 1) != 0:
  *
  *     tps_guard g = {.lo = p, .hi = p + n};
- *     if (sigsetjmp(g.jb, 0)) { tps_guard_leave(); ...the source changed... }
+ *     if (sigsetjmp(g.jb, 1)) { tps_guard_leave(); ...the source changed... }
  *     tps_guard_enter(&g);
  *     ...read p[0..n)...
  *     tps_guard_leave();
  *
- * (The handler blocks nothing, so no mask needs restoring: savemask 0 keeps
- * sigsetjmp free of system calls.) The SIGBUS handler is installed while at
- * least one hold is taken; other SIGBUS signals are handled as the action
- * it replaced would have handled them. A thread must not have SIGBUS
- * blocked while it reads: a blocked fault kills whatever the handler. */
+ * (savemask 1: an action installed over ours may call us with its own mask
+ * in force.) The SIGBUS handler is installed while at least one hold is
+ * taken; other SIGBUS signals are handled as the action it replaced would
+ * have handled them. A thread must not have SIGBUS blocked while it reads:
+ * a blocked fault kills whatever the handler. */
 typedef struct {
     sigjmp_buf jb;
     const void *lo, *hi;
@@ -200,7 +200,7 @@ typedef struct {
     char *path;
     int fd;
     uint64_t size;
-    int64_t mtime_s, mtime_ns, ctime_s, ctime_ns; /* at open: tps_ckpt_recheck compares */
+    int64_t mtime_s, mtime_ns; /* at open: tps_ckpt_recheck compares */
     tps_st *st;
     int rank;    /* sharded dirs */
     const tps_st_tensor_info **byname; /* sharded dirs: st's tensors sorted by name */
@@ -236,7 +236,8 @@ tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir)
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
                             void *buf, size_t len);
-/* Re-checks that every source file still has the size it had at open. */
+/* Re-checks that every source file still has the size and modification time
+ * it had at open. */
 tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck);
 /* split: copy tasks reading fewer bytes use pread even when the source is
  * mapped (256 KiB); tests lower it to reach the mapped path with tiny models. */

@@ -184,20 +184,14 @@ static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len
 {
     oslot *s = slot(E, ti, r);
     ofile *f = &E->files[s->file];
-    errno = 0;
-    tps_err rc = tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
-    /* EFAULT: the bytes to write could not be read, which from a mapping
-     * means the source, not this output. */
-    if (rc && errno == EFAULT)
-        rc = tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)",
-                      E->ck->path, E->ck->t[ti].name);
-    return rc;
+    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
 }
 
 /* Runs a task from the source bytes at src (a mapping of exactly the bytes
- * the task reads), or with preads into `in` when src is NULL. ROWS tasks
- * expect g to hold the tensor's geometry. */
-static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in, char *out, geom *g)
+ * the task reads, of the file src_path), or with preads into `in` when src
+ * is NULL. ROWS tasks expect g to hold the tensor's geometry. */
+static tps_err run_task_on(engine *E, const task *tk, const char *src, const char *src_path, char *in,
+                           char *out, geom *g)
 {
     tps_ctx *ctx = E->ctx;
     const tps_ckpt *ck = E->ck;
@@ -214,7 +208,14 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, char *in,
             uint64_t dst = tk->dst + (a - tk->a);
             if (src && tk->rank >= 0) {
                 const char *p = src + (a - tk->a);
-                TPS_TRY(write_to(E, tk->t, tk->rank, p, len, dst));
+                errno = 0;
+                tps_err rc = write_to(E, tk->t, tk->rank, p, len, dst);
+                /* EFAULT: the bytes to write could not be read: the source's
+                 * fault, not this output's. */
+                if (rc && errno == EFAULT)
+                    return tps_fail(ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)",
+                                    src_path, ck->t[tk->t].name);
+                TPS_TRY(rc);
                 crc = tps_crc32(crc, p, len);
                 continue;
             }
@@ -295,14 +296,14 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
     int file;
     if (!task_range(E, tk, g, &off, &len) || !E->map || len < tps_split_map_min ||
         !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff))
-        return run_task_on(E, tk, NULL, in, out, g);
+        return run_task_on(E, tk, NULL, NULL, in, out, g);
     uint64_t base = foff & ~(uint64_t)(E->page - 1);
     size_t mlen = (size_t)(foff + len - base);
     char *const m =
         mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd, (off_t)base);
-    if (m == MAP_FAILED) return run_task_on(E, tk, NULL, in, out, g);
+    if (m == MAP_FAILED) return run_task_on(E, tk, NULL, NULL, in, out, g);
     tps_guard gd = {.lo = m, .hi = m + mlen};
-    if (sigsetjmp(gd.jb, 0)) {
+    if (sigsetjmp(gd.jb, 1)) {
         tps_guard_leave();
         munmap(m, mlen);
         tps_err rc = tps_ckpt_recheck(E->ctx, E->ck);
@@ -311,7 +312,7 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
                         E->ck->files[file].path, E->ck->t[tk->t].name);
     }
     tps_guard_enter(&gd);
-    tps_err rc = run_task_on(E, tk, m + (foff - base), in, out, g);
+    tps_err rc = run_task_on(E, tk, m + (foff - base), E->ck->files[file].path, in, out, g);
     tps_guard_leave();
     munmap(m, mlen);
     if (rc && rc != TPS_E_INTERRUPTED) {

@@ -238,7 +238,7 @@ typedef struct {
  * process then fails the split with TPS_E_FORMAT instead of killing the
  * program, and any other SIGBUS is handled as the action it replaced would
  * have (that action is put back on return). Either way, a source whose
- * size, modification or change time moved during the split fails it. */
+ * size or modification time moved since it was opened fails the split. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 

@@ -246,7 +246,11 @@ tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf,
         ssize_t n = pwrite(fd, p, len, (off_t)off);
         if (n < 0) {
             if (errno == EINTR) continue;
-            return write_errno(ctx, path, errno);
+            /* errno survives for callers that tell causes apart (EFAULT) */
+            int e = errno;
+            tps_err rc = write_errno(ctx, path, e);
+            errno = e;
+            return rc;
         }
         if (n == 0) return write_errno(ctx, path, ENOSPC);
         p += n;

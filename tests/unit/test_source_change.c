@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -218,11 +219,14 @@ static void mapped_reads_are_not_preads(void)
         printf("# no /proc/self/io: skipped\n");
         return;
     }
-    long long reads[2] = {0, 0};
+    long long reads[3] = {0, 0, 0};
     uint64_t total = 0;
-    for (int no_mmap = 0; no_mmap <= 1; no_mmap++) {
+    size_t floor = tps_split_map_min;
+    for (int no_mmap = 0; no_mmap <= 2; no_mmap++) {
         char out[300];
         snprintf(out, sizeof out, "%s/reads%d", dir, no_mmap);
+        /* 2: mapped, at the real floor, which every task here is under */
+        tps_split_map_min = no_mmap == 2 ? 256u << 10 : floor;
         tps_ctx *ctx = tps_ctx_new();
         tps_ckpt *ck = NULL;
         tps_plan *plan = NULL;
@@ -232,7 +236,7 @@ static void mapped_reads_are_not_preads(void)
         CHECK(tps_layout_new(ctx, ck, plan, 4, &L) == TPS_OK);
         uint64_t data = 0;
         for (size_t i = 0; i < ck->n; i++) data += ck->t[i].nbytes;
-        tps_split_opts o = {.tp = 4, .out_dir = out, .map_source = !no_mmap};
+        tps_split_opts o = {.tp = 4, .out_dir = out, .map_source = no_mmap != 1};
         tps_split_result r;
         long long before = rchar();
         CHECK_MSG(tps_split(ctx, ck, L, &o, &r) == TPS_OK, "%s", tps_ctx_errmsg(ctx));
@@ -244,6 +248,9 @@ static void mapped_reads_are_not_preads(void)
         tps_ckpt_free(ck);
         tps_ctx_free(ctx);
     }
+    tps_split_map_min = floor;
+    CHECK_MSG(reads[2] >= (long long)total, "tasks under the floor were mapped: read %lld bytes of %llu",
+              reads[2], (unsigned long long)total);
     /* Compared with each other, so reads by anything else in the process
      * (valgrind's, say) do not count. */
     CHECK_MSG(reads[1] >= (long long)total, "--no-mmap read %lld bytes of %llu", reads[1],
@@ -289,7 +296,7 @@ static void guard_catches_its_range(void)
     CHECK(tps_guard_hold());
     volatile int caught = 0, sum = 0;
     tps_guard g = {.lo = m, .hi = m + len};
-    if (sigsetjmp(g.jb, 0)) {
+    if (sigsetjmp(g.jb, 1)) {
         tps_guard_leave();
         caught = 1;
     } else {
@@ -301,7 +308,7 @@ static void guard_catches_its_range(void)
     CHECK_MSG(caught == 1, "a read past the end was not caught");
     /* The mask was restored: a second fault is caught too. */
     caught = 0;
-    if (sigsetjmp(g.jb, 0)) {
+    if (sigsetjmp(g.jb, 1)) {
         tps_guard_leave();
         caught = 1;
     } else {
@@ -498,6 +505,113 @@ static void guard_keeps_earlier_actions(void)
     CHECK_MSG(now.sa_handler == plain_handler, "release replaced a handler installed after the hold");
 }
 
+static volatile int info_seen;
+static void info_handler(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    info_seen = si ? si->si_code : -1000;
+}
+
+/* While held: the old action's SA_ONSTACK and SA_RESTART carry over; a
+ * SIGBUS that is a notice (BUS_MCEERR_AO), even for an address in a
+ * guarded range, is not the guard's; a plain old handler runs with SIGBUS
+ * blocked, as the kernel would run it. */
+static void guard_filters_and_flags(void)
+{
+    struct sigaction sa, prev, now;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_sigaction = info_handler;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESTART;
+    CHECK(sigaction(SIGBUS, &sa, &prev) == 0);
+    CHECK(tps_guard_hold());
+    CHECK(sigaction(SIGBUS, NULL, &now) == 0);
+    CHECK_MSG((now.sa_flags & (SA_ONSTACK | SA_RESTART)) == (SA_ONSTACK | SA_RESTART),
+              "flags while held: %#x", (unsigned)now.sa_flags);
+#ifdef BUS_MCEERR_AO
+    static char area[4096];
+    volatile int jumped = 0;
+    tps_guard g = {.lo = area, .hi = area + sizeof area};
+    info_seen = 0;
+    if (sigsetjmp(g.jb, 1)) {
+        tps_guard_leave();
+        jumped = 1;
+    } else {
+        tps_guard_enter(&g);
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        si.si_signo = SIGBUS;
+        si.si_code = BUS_MCEERR_AO;
+        si.si_addr = area + 10;
+        syscall(SYS_rt_tgsigqueueinfo, getpid(), (pid_t)syscall(SYS_gettid), SIGBUS, &si);
+        tps_guard_leave();
+    }
+    CHECK_MSG(!jumped, "the guard took a BUS_MCEERR_AO notice for a fault");
+    CHECK_MSG(info_seen == BUS_MCEERR_AO, "the old handler saw si_code %d", info_seen);
+#endif
+    tps_guard_release();
+    CHECK(sigaction(SIGBUS, &prev, NULL) == 0);
+}
+
+static volatile int blocked_inside = -1;
+static void mask_probe(int sig)
+{
+    (void)sig;
+    sigset_t m;
+    sigprocmask(SIG_BLOCK, NULL, &m);
+    blocked_inside = sigismember(&m, SIGBUS);
+}
+
+static void chained_plain_handler_masked(void)
+{
+    struct sigaction sa, prev;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    sa.sa_handler = mask_probe;
+    CHECK(sigaction(SIGBUS, &sa, &prev) == 0);
+    CHECK(tps_guard_hold());
+    blocked_inside = -1;
+    raise(SIGBUS);
+    tps_guard_release();
+    CHECK(sigaction(SIGBUS, &prev, NULL) == 0);
+    CHECK_MSG(blocked_inside == 1, "SIGBUS blocked in the chained handler: %d", blocked_inside);
+}
+
+/* An action installed over ours that chains to the one it replaced (ours),
+ * then recorded as the old action by the next hold: a SIGBUS that is not
+ * ours must end in the default action, not a loop. */
+static struct sigaction x_prev;
+static volatile int x_calls;
+static void x_handler(int sig, siginfo_t *si, void *uc)
+{
+    if (++x_calls > 100) _exit(5);
+    if ((x_prev.sa_flags & SA_SIGINFO) && x_prev.sa_sigaction) x_prev.sa_sigaction(sig, si, uc);
+}
+
+static void chain_loop(void *unused)
+{
+    (void)unused;
+    signal(SIGBUS, SIG_DFL);
+    tps_guard_hold();
+    struct sigaction x;
+    memset(&x, 0, sizeof x);
+    sigemptyset(&x.sa_mask);
+    x.sa_sigaction = x_handler;
+    x.sa_flags = SA_SIGINFO | SA_NODEFER;
+    sigaction(SIGBUS, &x, &x_prev);
+    tps_guard_release(); /* leaves x */
+    tps_guard_hold();    /* records x as the old action */
+    raise(SIGBUS);
+    _exit(6);
+}
+
+static void guard_breaks_chain_loops(void)
+{
+    int st = in_child(chain_loop, NULL);
+    CHECK_MSG(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "child status %#x, wanted death by SIGBUS", st);
+}
+
 int main(void)
 {
     const char *tmp = getenv("TPS_TMP") ? getenv("TPS_TMP") : "/tmp";
@@ -520,5 +634,8 @@ int main(void)
     RUN(guard_catches_its_range);
     RUN(guard_hands_on_the_rest);
     RUN(guard_keeps_earlier_actions);
+    RUN(guard_filters_and_flags);
+    RUN(chained_plain_handler_masked);
+    RUN(guard_breaks_chain_loops);
     TEST_EXIT();
 }
