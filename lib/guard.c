@@ -84,7 +84,9 @@ static void on_sigbus(int sig, siginfo_t *si, void *uc)
         die_of_sigbus();
         return;
     }
-    if (h == SIG_DFL || ((old.sa_flags & SA_RESETHAND) && __atomic_exchange_n(&one_shot_used, 1, __ATOMIC_SEQ_CST))) {
+    /* A one-shot action runs once; the default after that. */
+    int spent = (old.sa_flags & SA_RESETHAND) && __atomic_exchange_n(&one_shot_used, 1, __ATOMIC_SEQ_CST);
+    if (h == SIG_DFL || spent) {
         die_of_sigbus();
         return;
     }

@@ -275,8 +275,8 @@ static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, u
 }
 
 /* Runs a task from a read-only mapping of just the bytes it reads, when the
- * split maps its source, the task reads at least tps_split_map_min bytes and they lie
- * in one file; else with preads.
+ * split maps its source, the task reads at least tps_split_map_min bytes
+ * and they lie in one file; else with preads.
  *
  * Why: pwrite from the mapping copies each byte once, page cache to page
  * cache, as cp's copy_file_range does; pread into a buffer and pwrite from
@@ -284,7 +284,7 @@ static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, u
  * 0.46 s with preads). A mapping per task keeps the pages this process has
  * mapped, hence its RSS, to a task's worth. MAP_POPULATE maps them in one
  * walk instead of a fault every 16 pages (0.41 s faulting). Small tasks
- * (a checkpoint of 13,500 tensors of 8 KiB) ran 1.5x slower mapped: an mmap
+ * (a checkpoint of 13,500 tensors of 8 KiB) ran 1.4x slower mapped: an mmap
  * and munmap cost more than the copy they save, hence tps_split_map_min.
  *
  * A page cut off by another process truncating the source raises SIGBUS

@@ -132,7 +132,10 @@ static void truncated_source_pread(void)
     split_after_change((scenario){.delta = -5000, .pread = 1, .word = "truncated"});
 }
 static void grown_source(void) { split_after_change((scenario){.delta = 123, .word = "grown"}); }
-static void grown_source_pread(void) { split_after_change((scenario){.delta = 123, .pread = 1, .word = "grown"}); }
+static void grown_source_pread(void)
+{
+    split_after_change((scenario){.delta = 123, .pread = 1, .word = "grown"});
+}
 
 /* Cut while splitting. The next task after lm_head is embed_tokens, a
  * contiguous copy: its write from the mapping fails with EFAULT. After
