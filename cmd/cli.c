@@ -191,6 +191,23 @@ int cli_common_option(int c, const char *usage, char **argv)
                            argv[optind - 1]);
 }
 
+int cli_parse_one_operand(int argc, char **argv, const char *usage, const char *missing,
+                          const char **operand)
+{
+    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
+                                         {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
+        int st = cli_common_option(c, usage, argv);
+        if (st >= 0) return st;
+    }
+    if (optind != argc - 1) return cli_usage_error(usage, "%s", missing);
+    *operand = argv[optind];
+    return -1;
+}
+
 int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out)
 {
     char *end;

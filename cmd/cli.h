@@ -33,6 +33,12 @@ void cli_progress_done(void);
  * any other: returns -1 to go on parsing, else the exit status to return. */
 int cli_common_option(int c, const char *usage, char **argv);
 
+/* Whole parsing for a command that takes only the common options and one
+ * operand (inspect, check): sets *operand; -1 to go on, else the exit
+ * status to return. `missing` is the error when there is not exactly one. */
+int cli_parse_one_operand(int argc, char **argv, const char *usage, const char *missing,
+                          const char **operand);
+
 /* Checked parsers: 0 ok, else prints a usage error and returns 2. */
 int cli_parse_int(const char *usage, const char *opt, const char *s, long min, long max, long *out);
 int cli_parse_size(const char *usage, const char *opt, const char *s, uint64_t *out);

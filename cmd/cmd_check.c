@@ -1,5 +1,4 @@
 /* cmd_check.c - tpshard check DIR [--json] */
-#include <getopt.h>
 
 #include "cli.h"
 
@@ -17,23 +16,12 @@ const char usage_check[] =
 
 int cmd_check(int argc, char **argv)
 {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-                                         {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
-        switch (c) {
-        default: {
-            int st = cli_common_option(c, usage_check, argv);
-            if (st >= 0) return st;
-        }
-        }
-    }
-    if (optind != argc - 1) return cli_usage_error(usage_check, "check: give exactly one DIR");
+    const char *dir;
+    int st = cli_parse_one_operand(argc, argv, usage_check, "check: give exactly one DIR", &dir);
+    if (st >= 0) return st;
     tps_ctx *ctx = cli_ctx();
     tps_check_result r;
-    tps_err e = tps_check_dir(ctx, argv[optind], &r);
+    tps_err e = tps_check_dir(ctx, dir, &r);
     cli_progress_done();
     int status = 0;
     char b[32];
@@ -42,7 +30,7 @@ int cmd_check(int argc, char **argv)
     } else if (g_json) {
         jw_obj();
         jw_kbool("ok", 1);
-        jw_kstr("dir", argv[optind]);
+        jw_kstr("dir", dir);
         jw_kint("tp", r.tp);
         jw_kint("ranks_present", r.ranks_present);
         jw_kstr("missing_ranks", r.missing_ranks);
@@ -53,7 +41,7 @@ int cmd_check(int argc, char **argv)
         jw_done();
     } else if (g_display >= 1) {
         printf("ok: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
-               argv[optind], r.files_checked, r.files_checked == 1 ? "" : "s",
+               dir, r.files_checked, r.files_checked == 1 ? "" : "s",
                (unsigned long long)r.tensors_checked, cli_human(r.bytes_checked, b, sizeof b), r.tp);
         if (r.missing_ranks[0])
             printf("note: rank(s) %s were not written here (split --ranks); %d of %d ranks present\n",

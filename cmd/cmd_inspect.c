@@ -1,5 +1,4 @@
 /* cmd_inspect.c - tpshard inspect MODEL [--json] */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -45,21 +44,9 @@ static void shape_str(const uint64_t *s, int n, char *buf, size_t len)
 
 int cmd_inspect(int argc, char **argv)
 {
-    static const struct option opts[] = {{"json", no_argument, 0, 'j'}, {"help", no_argument, 0, 'h'},
-                                         {"quiet", no_argument, 0, 'q'}, {"verbose", no_argument, 0, 'v'},
-                                         {0, 0, 0, 0}};
-    int c;
-    optind = 1;
-    while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
-        switch (c) {
-        default: {
-            int st = cli_common_option(c, usage_inspect, argv);
-            if (st >= 0) return st;
-        }
-        }
-    }
-    if (optind != argc - 1) return cli_usage_error(usage_inspect, "inspect: give exactly one MODEL");
-    const char *path = argv[optind];
+    const char *path;
+    int st = cli_parse_one_operand(argc, argv, usage_inspect, "inspect: give exactly one MODEL", &path);
+    if (st >= 0) return st;
     tps_ctx *ctx = cli_ctx();
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;
