@@ -11,9 +11,19 @@ NCCL_HOME ?= $(CUDA_HOME)
 CC       ?= cc
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
 
+# Build dependencies, found with pkg-config. Their flags live in build/deps.mk,
+# which is made before anything else: its recipe first runs tools/deps.sh
+# (installs what is missing when root, else stops with the apt-get line), and
+# GNU make then reads itself again with the flags of the packages just
+# installed. PKG_CFLAGS and PKG_LIBS given on the command line skip all of it
+# (a machine with the libraries outside pkg-config's reach).
 PKGS := libcjson yaml-0.1 zlib
-PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
-PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+NODEPS_GOALS := clean uninstall check-deps
+ifneq ($(origin PKG_LIBS),command line)
+ifneq ($(filter-out $(NODEPS_GOALS),$(or $(MAKECMDGOALS),all)),)
+include build/deps.mk
+endif
+endif
 
 CFLAGS  ?= $(if $(filter 1,$(DEBUG)),-O0 -g3,-O2 -g)
 CFLAGS  += -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Wall -Wextra -Wshadow -Wno-unused-parameter \
@@ -35,7 +45,7 @@ LIB_SRCS := $(sort $(LIB_SRCS))
 ifeq ($(CUDA),1)
 CFLAGS   += -DTPS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -lcudart -lcublas -lnccl -lstdc++ \
-            -Wl,-rpath,$(CUDA_HOME)/lib64
+            -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib
 CUDA_OBJS := build/lib/verify_cuda.o
 else
 LIB_SRCS += lib/verify_cuda_stub.c
@@ -52,10 +62,17 @@ PLANS := $(sort $(wildcard plans/*.yaml))
 BUILD_FLAGS := $(CUDA)|$(OPENMP)|$(DEBUG)|$(SANITIZE)|$(CC)
 
 .PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin
-all: check-deps tpshard
+all: tpshard
 
 check-deps:
 	@sh tools/deps.sh
+
+build/deps.mk: tools/deps.sh
+	@sh tools/deps.sh
+	@mkdir -p build
+	@pkg-config --cflags $(PKGS) >/dev/null && { \
+	  echo "PKG_CFLAGS := $$(pkg-config --cflags $(PKGS))"; \
+	  echo "PKG_LIBS := $$(pkg-config --libs $(PKGS))"; } >$@.tmp && mv $@.tmp $@
 
 # Rebuild everything when the knobs change.
 build/.flags: FORCE
@@ -97,11 +114,11 @@ build/gen_llama: bench/gen_llama.c
 tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama
 
 # The README's test command. Ends with one line "N passed, M failed".
-test: check-deps tests-bin
+test: tests-bin
 	@sh tools/deps.sh test
 	@sh tests/run.sh
 
-test-valgrind: check-deps tests-bin
+test-valgrind: tests-bin
 	@VALGRIND=1 sh tests/run.sh cli
 
 FUZZ_SECONDS ?= 60
