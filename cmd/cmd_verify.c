@@ -210,6 +210,7 @@ int cmd_verify(int argc, char **argv)
         jw_kuint("bytes", bytes);
         jw_knum("seconds", secs);
         jw_knum("gb_per_s", gbs);
+        jw_knum("setup_seconds", tps_verify_report_setup_seconds(R));
         jw_kint("seed", (int64_t)o.seed);
         jw_kint("batch", o.batch);
         jw_key("kinds");
@@ -247,7 +248,11 @@ int cmd_verify(int argc, char **argv)
             printf("checks: %u passed, %u failed\n", passed, failed);
             printf("shard bytes verified: %s in %.2f s (%.2f GB/s)\n",
                    cli_human(bytes, hb, sizeof hb), secs, gbs);
-            printf("backend: %s\n", tps_verify_report_backend(R));
+            if (tps_verify_report_setup_seconds(R) >= 0.005)
+                printf("backend: %s (opened in %.2f s)\n", tps_verify_report_backend(R),
+                       tps_verify_report_setup_seconds(R));
+            else
+                printf("backend: %s\n", tps_verify_report_backend(R));
             if (note) printf("note: %s\n", note);
         }
         printf("verify: %s\n", ok ? "PASS" : "FAIL");

@@ -295,6 +295,8 @@ const tps_verify_row *tps_verify_report_row(const tps_verify_report *r, size_t i
 int tps_verify_report_ok(const tps_verify_report *r);
 const char *tps_verify_report_backend(const tps_verify_report *r); /* "cpu", "cuda (H200...)" */
 double tps_verify_report_seconds(const tps_verify_report *r);
+/* Of tps_verify_report_seconds: opening the backend (GPU contexts, NCCL bootstrap). */
+double tps_verify_report_setup_seconds(const tps_verify_report *r);
 uint64_t tps_verify_report_bytes(const tps_verify_report *r);   /* shard bytes verified */
 
 /* Which backends were built in, and runtime versions when available. */

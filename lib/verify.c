@@ -50,6 +50,11 @@
 /* Source bytes per task; a row longer than this gets a task of its own, up to
  * ROW_MAX (longer rows are compared but not multiplied). */
 #define CHUNK ((uint64_t)4 << 20)
+/* Within a task, source and rank rows are read and compared in steps of
+ * about this many bytes, so that the compare (and the cpu backend's
+ * products) find both in cache: reading each byte from memory once is what
+ * bounds a verify on a machine whose page cache holds the model. */
+#define STEP ((uint64_t)256 << 10)
 #define ROW_MAX ((uint64_t)256 << 20)
 #define MAX_BATCH 256
 /* How many tensors after its producers a block's second half is queued. */
@@ -63,6 +68,7 @@ struct tps_verify_report {
     int ok;
     char *backend;
     double seconds;
+    double setup_seconds; /* of `seconds`: opening the backend (GPU contexts, NCCL) */
     uint64_t bytes;
 };
 
@@ -100,6 +106,10 @@ const char *tps_verify_report_backend(const tps_verify_report *r)
 double tps_verify_report_seconds(const tps_verify_report *r)
 {
     return r ? r->seconds : 0;
+}
+double tps_verify_report_setup_seconds(const tps_verify_report *r)
+{
+    return r ? r->setup_seconds : 0;
 }
 uint64_t tps_verify_report_bytes(const tps_verify_report *r)
 {
@@ -432,11 +442,12 @@ struct vunit {
 };
 
 typedef struct {
-    unsigned char *src, *sh;
-    size_t src_cap, sh_cap;
+    unsigned char *src, *sh, *cmp; /* cmp: a rank's rows of one cache-sized step */
+    size_t src_cap, sh_cap, cmp_cap;
+    char *same; /* per rank: its rows in this task equal the source's */
     float *w, *conv;
     size_t w_cap, conv_cap;
-    int pinned;
+    int pin_src, pin_sh; /* GPU backends: buffers in pinned memory (cudaMallocHost) */
 } tbuf;
 
 typedef struct {
@@ -1254,13 +1265,14 @@ static tps_err job_get(vctx *V, vunit *u, vjob **out)
     return rc;
 }
 
+/* which: 0 source rows, 1 rank rows, 2 the compare step's rank rows */
 static tps_err grow(vctx *V, tbuf *tb, int which, size_t need)
 {
-    unsigned char **p = which ? &tb->sh : &tb->src;
-    size_t *cap = which ? &tb->sh_cap : &tb->src_cap;
+    unsigned char **p = which == 2 ? &tb->cmp : which ? &tb->sh : &tb->src;
+    size_t *cap = which == 2 ? &tb->cmp_cap : which ? &tb->sh_cap : &tb->src_cap;
     if (*cap >= need) return TPS_OK;
-    size_t n = need < CHUNK ? CHUNK : need;
-    if (tb->pinned) {
+    size_t n = need < (which == 2 ? STEP : CHUNK) ? (which == 2 ? STEP : CHUNK) : need;
+    if (which == 0 ? tb->pin_src : which == 1 ? tb->pin_sh : 0) {
         tps_gpu_host_free(V->gpu, *p);
         *p = tps_gpu_host_alloc(V->gpu, n);
     } else {
@@ -1281,10 +1293,15 @@ static float *fgrow(float **p, size_t *cap, size_t n)
     return q;
 }
 
+#define NOT_SAME UINT64_MAX
+
 /* Rows [row0, row0 + n) of a numeric unit's weight, for side -1 (source) or
- * rank r, as they were just read. */
+ * rank r, as they were just read. same_col0: for a rank's rows that were
+ * just found byte-identical to the source rows read in this task, the column
+ * where they start in those rows (a GPU backend then reuses the staged source
+ * copy); NOT_SAME otherwise. */
 static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_t row0, uint64_t n,
-                        const unsigned char *bytes)
+                        const unsigned char *bytes, uint64_t same_col0)
 {
     if (u->nk == NK_NONE || !n) return TPS_OK;
     if (side < 0 && !V->want_ref) return TPS_OK;
@@ -1310,6 +1327,12 @@ static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_
     }
     uint64_t width = side < 0 ? J->in : J->kr[side];
     if (J->gj) {
+        if (side >= 0 && same_col0 != NOT_SAME) {
+            int done = 0;
+            TPS_TRY(tps_gpu_job_rows_ref(V->ctx, V->gpu, J->gj, slot, side, row0, n, same_col0,
+                                         &done));
+            if (done) return TPS_OK;
+        }
         const void *p = bytes;
         if (J->op != dt) {
             float *c = fgrow(&tb->conv, &tb->conv_cap, (size_t)(n * width));
@@ -1349,6 +1372,22 @@ static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_
                 NULL);
     }
     return TPS_OK;
+}
+
+/* GPU backends: rank r's rows [row0, row0 + n), columns from col0, found equal
+ * to the source rows this task staged: *done = 1 when the backend multiplies
+ * the staged copy (or there is nothing to multiply), 0 when the caller must
+ * hand the bytes over itself. */
+static tps_err rows_from_source(vctx *V, vunit *u, int slot, int r, uint64_t row0, uint64_t n,
+                                uint64_t col0, int *done)
+{
+    *done = 1;
+    if (u->nk == NK_NONE || !n || !V->local[r]) return TPS_OK;
+    vjob *J;
+    TPS_TRY(job_get(V, u, &J));
+    *done = 0;
+    if (!J->gj) return TPS_OK;
+    return tps_gpu_job_rows_ref(V->ctx, V->gpu, J->gj, slot, r, row0, n, col0, done);
 }
 
 /* ------------------------------------------------------------------ tasks */
@@ -1417,27 +1456,77 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
         uint64_t o0 = idx * u->k, kk = u->outer - o0 < u->k ? u->outer - o0 : u->k;
         size_t slen = (size_t)(kk * u->W);
         TPS_TRY(grow(V, tb, 0, slen));
-        TPS_TRY(grow(V, tb, 1, slen));
-        TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, o0 * u->W, tb->src, slen));
-        TPS_TRY(
-            job_rows(V, u, tb, slot, -1, u->dim == 0 ? 0 : o0, u->dim == 0 ? u->nd : kk, tb->src));
+        if (u->dim == 0) { /* a small tensor split by rows: one task reads it all */
+            TPS_TRY(grow(V, tb, 1, slen));
+            TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, 0, tb->src, slen));
+            TPS_TRY(job_rows(V, u, tb, slot, -1, 0, u->nd, tb->src, NOT_SAME));
+            size_t at = 0;
+            for (int r = 0; r < tp; r++) {
+                uint64_t wr = u->len[r] * u->inner;
+                if (!V->local[r] || u->piece[r] < 0 || !wr) continue;
+                unsigned char *sh = tb->sh + at;
+                TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], 0, sh, (size_t)wr));
+                got += wr;
+                at += wr;
+                const unsigned char *a = tb->src + u->lo[r] * u->inner;
+                int same = !memcmp(a, sh, (size_t)wr);
+                if (!same) note_diff(u, r, a, sh, (size_t)wr, 0);
+                TPS_TRY(job_rows(V, u, tb, slot, r, u->lo[r], u->len[r], sh, same ? 0 : NOT_SAME));
+            }
+            break;
+        }
+        /* rows [o0, o0 + kk), each W bytes of which rank r holds [lo, lo + len) */
+        uint64_t rs = u->W >= STEP ? 1 : STEP / u->W;
+        TPS_TRY(grow(V, tb, 2, (size_t)(rs * u->W)));
+        memset(tb->same, 1, (size_t)tp);
+        for (uint64_t os = 0; os < kk; os += rs) {
+            uint64_t ns = kk - os < rs ? kk - os : rs;
+            unsigned char *src = tb->src + os * u->W;
+            TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, (o0 + os) * u->W, src,
+                                  (size_t)(ns * u->W)));
+            if (!V->gpu) TPS_TRY(job_rows(V, u, tb, slot, -1, o0 + os, ns, src, NOT_SAME));
+            for (int r = 0; r < tp; r++) {
+                uint64_t wr = u->len[r] * u->inner;
+                if (!V->local[r] || u->piece[r] < 0 || !wr) continue;
+                TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], (o0 + os) * wr, tb->cmp,
+                                            (size_t)(ns * wr)));
+                got += ns * wr;
+                for (uint64_t o = 0; o < ns; o++) {
+                    const unsigned char *a = src + o * u->W + u->lo[r] * u->inner,
+                                        *b = tb->cmp + o * wr;
+                    if (memcmp(a, b, (size_t)wr)) {
+                        note_diff(u, r, a, b, (size_t)wr, (o0 + os + o) * wr);
+                        tb->same[r] = 0;
+                    }
+                }
+                if (!V->gpu) TPS_TRY(job_rows(V, u, tb, slot, r, o0 + os, ns, tb->cmp, NOT_SAME));
+            }
+        }
+        if (!V->gpu) break;
+        /* GPU: the task's rows in one go; a rank's rows that equal the source's
+         * come from the staged source rows, the others from its own bytes */
+        TPS_TRY(job_rows(V, u, tb, slot, -1, o0, kk, tb->src, NOT_SAME));
         size_t at = 0;
         for (int r = 0; r < tp; r++) {
             uint64_t wr = u->len[r] * u->inner;
             if (!V->local[r] || u->piece[r] < 0 || !wr) continue;
-            unsigned char *sh = tb->sh + at;
-            size_t n = (size_t)(kk * wr);
-            TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], o0 * wr, sh, n));
-            got += n;
-            at += n;
-            for (uint64_t o = 0; o < kk; o++) {
-                const unsigned char *a = tb->src + o * u->W + u->lo[r] * u->inner, *b = sh + o * wr;
-                if (memcmp(a, b, (size_t)wr)) note_diff(u, r, a, b, (size_t)wr, (o0 + o) * wr);
+            if (tb->same[r]) {
+                int done = 0;
+                TPS_TRY(rows_from_source(V, u, slot, r, o0, kk, u->lo[r], &done));
+                if (done) continue;
             }
-            if (u->dim == 0)
-                TPS_TRY(job_rows(V, u, tb, slot, r, u->lo[r], u->len[r], sh));
+            /* room for every rank's rows at once: bytes handed over stay put
+             * until the task's end */
+            if (at == 0) TPS_TRY(grow(V, tb, 1, slen));
+            unsigned char *sh = tb->sh + at;
+            if (tb->same[r]) /* pack the equal bytes: the same rows, contiguous */
+                for (uint64_t o = 0; o < kk; o++)
+                    memcpy(sh + o * wr, tb->src + o * u->W + u->lo[r] * u->inner, (size_t)wr);
             else
-                TPS_TRY(job_rows(V, u, tb, slot, r, o0, kk, sh));
+                TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], o0 * wr, sh,
+                                            (size_t)(kk * wr)));
+            at += kk * wr;
+            TPS_TRY(job_rows(V, u, tb, slot, r, o0, kk, sh, NOT_SAME));
         }
         break;
     }
@@ -1452,16 +1541,51 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
         int need_src = mine || (u->nk != NK_NONE && V->want_ref);
         if (!need_src) return TPS_OK;
         TPS_TRY(grow(V, tb, 0, len));
-        TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, (o * u->nd + u->lo[r]) * u->inner + off,
-                              tb->src, len));
+        uint64_t soff = (o * u->nd + u->lo[r]) * u->inner + off, shoff = o * wr + off;
         uint64_t p0 = u->lo[r] + off / u->inner, np = len / u->inner;
-        TPS_TRY(job_rows(V, u, tb, slot, -1, p0, np, tb->src));
-        if (!mine) break;
-        TPS_TRY(grow(V, tb, 1, len));
-        TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], o * wr + off, tb->sh, len));
+        if (!mine) {
+            TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, soff, tb->src, len));
+            TPS_TRY(job_rows(V, u, tb, slot, -1, p0, np, tb->src, NOT_SAME));
+            break;
+        }
+        /* steps of whole rows (the cpu backend multiplies each step while it is
+         * in cache); a row longer than a step is one step */
+        size_t step = len;
+        if (u->inner && u->inner <= STEP && len % u->inner == 0) step = STEP / u->inner * u->inner;
+        TPS_TRY(grow(V, tb, 2, step < len ? step : len));
+        int same = 1;
+        for (size_t a = 0; a < len; a += step) {
+            size_t n = len - a < step ? len - a : step;
+            TPS_TRY(tps_ckpt_read(ctx, V->src, (size_t)u->si, soff + a, tb->src + a, n));
+            TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], shoff + a, tb->cmp, n));
+            if (memcmp(tb->src + a, tb->cmp, n)) {
+                note_diff(u, r, tb->src + a, tb->cmp, n, shoff + a);
+                same = 0;
+            }
+            if (!V->gpu && step < len) {
+                uint64_t q0 = p0 + a / u->inner, nq = n / u->inner;
+                TPS_TRY(job_rows(V, u, tb, slot, -1, q0, nq, tb->src + a, NOT_SAME));
+                TPS_TRY(job_rows(V, u, tb, slot, r, q0, nq, tb->cmp, NOT_SAME));
+            }
+        }
         got = len;
-        if (memcmp(tb->src, tb->sh, len)) note_diff(u, r, tb->src, tb->sh, len, o * wr + off);
-        TPS_TRY(job_rows(V, u, tb, slot, r, p0, np, tb->sh));
+        if (!V->gpu) {
+            if (step == len) { /* one step: its products now */
+                TPS_TRY(job_rows(V, u, tb, slot, -1, p0, np, tb->src, NOT_SAME));
+                TPS_TRY(job_rows(V, u, tb, slot, r, p0, np, tb->cmp, NOT_SAME));
+            }
+            break;
+        }
+        TPS_TRY(job_rows(V, u, tb, slot, -1, p0, np, tb->src, NOT_SAME));
+        if (same) { /* the rank's bytes are the source's: staged already */
+            TPS_TRY(job_rows(V, u, tb, slot, r, p0, np, tb->src, u->dim == 0 ? 0 : NOT_SAME));
+        } else if (step < len) {
+            TPS_TRY(grow(V, tb, 1, len));
+            TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], shoff, tb->sh, len));
+            TPS_TRY(job_rows(V, u, tb, slot, r, p0, np, tb->sh, NOT_SAME));
+        } else {
+            TPS_TRY(job_rows(V, u, tb, slot, r, p0, np, tb->cmp, NOT_SAME));
+        }
         break;
     }
     }
@@ -1845,7 +1969,17 @@ static vunit *unit_of_task(vctx *V, uint64_t t)
 static void work(vctx *V)
 {
     tbuf tb = {0};
-    tb.pinned = V->gpu != NULL;
+    /* Source rows go to the GPU from pinned memory. On one GPU a rank's rows
+     * that equal them are not uploaded again (tps_gpu_job_rows_ref), so its
+     * buffer stays pageable (pinning costs); with NCCL every rank off the
+     * reference GPU uploads its own. */
+    tb.pin_src = V->gpu != NULL;
+    tb.pin_sh = V->gpu != NULL && V->backend == TPS_BACKEND_NCCL;
+    tb.same = malloc((size_t)V->tp);
+    if (!tb.same) {
+        set_err(V, tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory"));
+        return;
+    }
     int slot = 0;
 #ifdef _OPENMP
     slot = omp_get_thread_num();
@@ -1860,6 +1994,8 @@ static void work(vctx *V)
         if (t >= V->ntasks) break;
         vunit *u = unit_of_task(V, t);
         tps_err rc = run_task(V, u, t - u->task0, &tb, slot);
+        /* the task's GEMMs must be done before its unit can be finished */
+        if (!rc && V->gpu) rc = tps_gpu_slot_sync(V->ctx, V->gpu, slot);
         if (rc) {
             set_err(V, rc);
             break;
@@ -1872,13 +2008,16 @@ static void work(vctx *V)
             V->ctx->progress(V->ctx->progress_user, atomic_load(&V->bytes), V->total_bytes,
                              u->ct->name);
     }
-    if (tb.pinned) {
+    if (tb.pin_src)
         tps_gpu_host_free(V->gpu, tb.src);
-        tps_gpu_host_free(V->gpu, tb.sh);
-    } else {
+    else
         free(tb.src);
+    if (tb.pin_sh)
+        tps_gpu_host_free(V->gpu, tb.sh);
+    else
         free(tb.sh);
-    }
+    free(tb.cmp);
+    free(tb.same);
     free(tb.w);
     free(tb.conv);
 }
@@ -1920,7 +2059,12 @@ static void vctx_free(vctx *V)
     free(V->order);
     free(V->local);
     tps_comm_free(V->comm);
-    if (V->gpu) tps_gpu_close(V->gpu);
+    if (V->gpu) {
+        char st[512];
+        tps_gpu_stats(V->gpu, st, sizeof st);
+        tps_log(V->ctx, TPS_LOG_INFO, "verify: %s", st);
+        tps_gpu_close(V->gpu);
+    }
     tps_ckpt_free(V->src);
     tps_ckpt_free(V->ck);
     pthread_mutex_destroy(&V->fin_mu);
@@ -1978,7 +2122,9 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
         TPS_FAIL_IF(!V->comm, ctx, TPS_E_NOMEM, "verify: out of memory");
         R->backend = tps_asprintf("cpu (%d thread%s)", nth, nth == 1 ? "" : "s");
     } else {
+        double t1 = now_s();
         TPS_CHECK(tps_gpu_open(ctx, o->backend, V->tp, nth, o->nccl_id_file, &V->gpu));
+        R->setup_seconds = now_s() - t1;
         tps_gpu_local_ranks(V->gpu, V->local);
         V->is_root = tps_gpu_is_root(V->gpu);
         R->backend = tps_strdup(tps_gpu_describe(V->gpu));

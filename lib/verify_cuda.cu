@@ -114,12 +114,27 @@ static void nap(int spins)
 
 /* ------------------------------------------------------------------ state */
 
+/* One worker thread's resources on one device. Weight rows are staged back
+ * to back in dw (bump allocation) and their GEMMs queued on the slot's
+ * stream; tps_gpu_slot_sync waits for them once per task. The reference rows
+ * staged last (ref_*) can feed a rank's GEMM again when the caller has proven
+ * the rank's bytes equal to them, so identical bytes cross PCIe once. */
 struct slot_dev {
     int made;
+    int pending; /* work queued since the last wait */
+    /* waits: a host function queued behind the work bumps done_gen and wakes
+     * the worker, which sleeps on wcv instead of polling the driver */
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+    uint64_t want_gen, done_gen;
     cudaStream_t stream;
     cublasHandle_t blas;
     void *dw, *dwabs; /* staging for weight rows and their magnitudes */
-    size_t dw_cap;
+    size_t dw_cap, used;
+    const tps_gpu_job *ref_job; /* the reference rows staged last, or NULL */
+    const unsigned char *ref_ptr;
+    uint64_t ref_row0, ref_rows, ref_width;
+    uint64_t n_h2d, n_reused, n_gemm, n_wait; /* bytes uploaded, bytes not re-uploaded, counts */
 };
 
 struct pool_ent {
@@ -142,11 +157,14 @@ struct tps_gpu {
     std::vector<float *> send, recv;   /* nccl all-gather scratch per local rank */
     std::vector<size_t> send_cap, recv_cap;
     const float **dptrs;        /* cuda all-reduce: rank buffers, on the device */
-    std::vector<pool_ent> pool; /* free device blocks */
+    std::vector<pool_ent> pool;  /* free device blocks */
+    std::vector<pool_ent> slabs; /* cudaMalloc'd slabs that small blocks are carved from */
+    std::vector<size_t> slab_used;
     pthread_mutex_t mu;
     int aborted;
     int stuck; /* a wait timed out: never block on the device again */
     tps_comm comm;
+    double open_s; /* tps_gpu_open: device discovery, contexts, NCCL bootstrap */
     char desc[512];
 };
 
@@ -180,11 +198,66 @@ static size_t round_up(size_t n)
     return r;
 }
 
-/* A block of at least n bytes on dev, from the cache or cudaMalloc (after
- * checking that the device has room). */
+/* Blocks up to SLAB_MAX bytes are carved from SLAB-byte slabs, so that the
+ * thousands of small buffers a verify makes cost a handful of cudaMalloc
+ * calls (each of which may synchronize the device). */
+#define SLAB ((size_t)64 << 20)
+#define SLAB_MAX ((size_t)4 << 20)
+
+static int in_slab(const tps_gpu *g, int dev, const void *p)
+{
+    for (size_t i = 0; i < g->slabs.size(); i++)
+        if (g->slabs[i].dev == dev && (const char *)p >= (const char *)g->slabs[i].p &&
+            (const char *)p < (const char *)g->slabs[i].p + g->slabs[i].n)
+            return 1;
+    return 0;
+}
+
+/* Under g->mu: a block from a slab of dev with room, or NULL. */
+static void *carve(tps_gpu *g, int dev, size_t want)
+{
+    for (size_t i = 0; i < g->slabs.size(); i++)
+        if (g->slabs[i].dev == dev && g->slab_used[i] + want <= g->slabs[i].n) {
+            void *p = (char *)g->slabs[i].p + g->slab_used[i];
+            g->slab_used[i] += want;
+            return p;
+        }
+    return NULL;
+}
+
+/* Checks that dev has room for n more bytes, giving the cache of whole
+ * blocks back first when it has not. */
+static tps_err dev_room(tps_ctx *ctx, tps_gpu *g, int dev, size_t want)
+{
+    CUDA_TRY(ctx, cudaSetDevice(dev));
+    size_t fr = 0, total = 0;
+    CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
+    if (want + ((size_t)64 << 20) <= fr) return TPS_OK;
+    pthread_mutex_lock(&g->mu);
+    for (size_t i = 0; i < g->pool.size();) {
+        if (g->pool[i].dev == dev && !in_slab(g, dev, g->pool[i].p)) {
+            cudaFree(g->pool[i].p);
+            g->pool[i] = g->pool.back();
+            g->pool.pop_back();
+        } else {
+            i++;
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
+    if (want + ((size_t)64 << 20) > fr)
+        return tps_fail(ctx, TPS_E_DEVICE,
+                        "GPU %d: out of device memory: %zu MiB needed, %zu MiB free of %zu MiB", dev,
+                        want >> 20, fr >> 20, total >> 20);
+    return TPS_OK;
+}
+
+/* A block of at least n bytes on dev: from the cache, a slab, or cudaMalloc
+ * (after checking that the device has room). */
 static tps_err dev_alloc(tps_ctx *ctx, tps_gpu *g, int dev, size_t n, void **out, size_t *cap)
 {
     size_t want = round_up(n ? n : 1);
+    if (cap) *cap = want;
     pthread_mutex_lock(&g->mu);
     for (size_t i = 0; i < g->pool.size(); i++)
         if (g->pool[i].dev == dev && g->pool[i].n == want) {
@@ -192,36 +265,26 @@ static tps_err dev_alloc(tps_ctx *ctx, tps_gpu *g, int dev, size_t n, void **out
             g->pool[i] = g->pool.back();
             g->pool.pop_back();
             pthread_mutex_unlock(&g->mu);
-            if (cap) *cap = want;
             return TPS_OK;
         }
+    void *p = want <= SLAB_MAX ? carve(g, dev, want) : NULL;
     pthread_mutex_unlock(&g->mu);
-    CUDA_TRY(ctx, cudaSetDevice(dev));
-    size_t fr = 0, total = 0;
-    CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
-    if (want + ((size_t)64 << 20) > fr) {
-        /* give the cache back and look again */
-        pthread_mutex_lock(&g->mu);
-        for (size_t i = 0; i < g->pool.size();) {
-            if (g->pool[i].dev == dev) {
-                cudaFree(g->pool[i].p);
-                g->pool[i] = g->pool.back();
-                g->pool.pop_back();
-            } else {
-                i++;
-            }
-        }
-        pthread_mutex_unlock(&g->mu);
-        CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
-        if (want + ((size_t)64 << 20) > fr)
-            return tps_fail(ctx, TPS_E_DEVICE,
-                            "GPU %d: out of device memory: %zu MiB needed, %zu MiB free of %zu MiB",
-                            dev, want >> 20, fr >> 20, total >> 20);
+    if (p) {
+        *out = p;
+        return TPS_OK;
     }
-    void *p = NULL;
-    CUDA_TRY(ctx, cudaMalloc(&p, want));
+    size_t get = want <= SLAB_MAX ? SLAB : want;
+    TPS_TRY(dev_room(ctx, g, dev, get));
+    CUDA_TRY(ctx, cudaMalloc(&p, get));
+    if (get == want) {
+        *out = p;
+        return TPS_OK;
+    }
+    pthread_mutex_lock(&g->mu);
+    g->slabs.push_back(pool_ent{dev, p, get});
+    g->slab_used.push_back(want);
+    pthread_mutex_unlock(&g->mu);
     *out = p;
-    if (cap) *cap = want;
     return TPS_OK;
 }
 static void dev_release(tps_gpu *g, int dev, void *p, size_t cap)
@@ -245,7 +308,7 @@ static tps_err job_alloc(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int dev, size
      * stream would not order it before the GEMMs on other streams */
     cudaStream_t s = g->cstream[(size_t)dev_index(g, dev)];
     CUDA_TRY(ctx, cudaMemsetAsync(*out, 0, n ? n : 1, s));
-    return stream_wait(ctx, g, s, "cudaMemsetAsync");
+    return TPS_OK; /* tps_gpu_job_new waits once for all of them */
 }
 
 /* ------------------------------------------------------------------ waits */
@@ -569,7 +632,9 @@ static tps_err open_nccl(tps_ctx *ctx, tps_gpu *g, int ndev, const char *id_file
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclUniqueId id;
-    if (world > 1) {
+    /* --nccl-id-file asks for one rank per process, also for a world of one
+     * (tp 1, or a launcher that started a single task) */
+    if (world > 1 || id_file) {
         if (world != g->tp)
             return tps_fail(ctx, TPS_E_ARG,
                             "--backend nccl across processes runs one rank per "
@@ -650,8 +715,8 @@ extern "C" void tps_gpu_close(tps_gpu *g)
          * all to process exit */
         for (size_t l = 0; l < g->comms.size(); l++)
             if (g->comms[l] && !g->aborted) ncclCommAbort(g->comms[l]);
-        pthread_mutex_destroy(&g->mu);
-        delete g;
+        /* nor free g: a host function queued on a stuck stream may still
+         * run and touch its slot */
         return;
     }
     for (size_t i = 0; i < g->slots.size(); i++) {
@@ -662,6 +727,8 @@ extern "C" void tps_gpu_close(tps_gpu *g)
         if (s->dwabs) cudaFree(s->dwabs);
         cublasDestroy(s->blas);
         cudaStreamDestroy(s->stream);
+        pthread_mutex_destroy(&s->wmu);
+        pthread_cond_destroy(&s->wcv);
     }
     for (size_t l = 0; l < g->comms.size(); l++) {
         if (!g->comms[l]) continue;
@@ -690,8 +757,13 @@ extern "C" void tps_gpu_close(tps_gpu *g)
         if (g->recv[l]) cudaFree(g->recv[l]);
     }
     for (size_t i = 0; i < g->pool.size(); i++) {
+        if (in_slab(g, g->pool[i].dev, g->pool[i].p)) continue;
         cudaSetDevice(g->pool[i].dev);
         cudaFree(g->pool[i].p);
+    }
+    for (size_t i = 0; i < g->slabs.size(); i++) {
+        cudaSetDevice(g->slabs[i].dev);
+        cudaFree(g->slabs[i].p);
     }
     for (size_t i = 0; i < g->cstream.size(); i++) {
         cudaSetDevice(g->devs[i]);
@@ -710,6 +782,7 @@ extern "C" tps_err tps_gpu_open(tps_ctx *ctx, tps_backend kind, int tp, int nslo
 {
     *out = NULL;
     if (tp < 1 || nslots < 1) return tps_fail(ctx, TPS_E_ARG, "gpu backend: bad tp %d", tp);
+    double t0 = now_s();
     int ndev = 0;
     cudaError_t e = cudaGetDeviceCount(&ndev);
     const char *bname = kind == TPS_BACKEND_NCCL ? "nccl" : "cuda";
@@ -790,6 +863,7 @@ extern "C" tps_err tps_gpu_open(tps_ctx *ctx, tps_backend kind, int tp, int nslo
     else
         snprintf(g->desc, sizeof g->desc, "nccl (%d x %s, one rank per GPU, NCCL %d.%d.%d)", tp,
                  prop.name, nv / 10000, (nv / 100) % 100, nv % 100);
+    g->open_s = now_s() - t0;
     *out = g;
     return TPS_OK;
 }
@@ -863,7 +937,12 @@ static tps_err upload_operand(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int dev,
     if (!n) return TPS_OK;
     std::vector<unsigned char> host(n * es);
     to_operand(op, src, host.data(), n, absval);
-    return copy_wait(ctx, g, dev, *out, host.data(), n * es, cudaMemcpyHostToDevice);
+    /* from pageable memory the copy is staged before cudaMemcpyAsync returns,
+     * so `host` may go; tps_gpu_job_new waits once for every upload */
+    CUDA_TRY(ctx, cudaSetDevice(dev));
+    CUDA_TRY(ctx, cudaMemcpyAsync(*out, host.data(), n * es, cudaMemcpyHostToDevice,
+                                  g->cstream[(size_t)dev_index(g, dev)]));
+    return TPS_OK;
 }
 
 extern "C" void tps_gpu_job_free(tps_gpu *g, tps_gpu_job *j)
@@ -938,6 +1017,8 @@ extern "C" tps_err tps_gpu_job_new(tps_ctx *ctx, tps_gpu *g, const tps_gpu_job_d
         if (!rc) rc = job_alloc(ctx, g, j, g->ref_dev, nb * (size_t)j->out * sizeof(float), &p);
         j->dsabs = (float *)p;
     }
+    /* the zeroing and the inputs of every block, before any GEMM on another stream */
+    if (!rc) rc = wait_collectives(ctx, g, "cudaMemsetAsync");
     if (rc) {
         tps_gpu_job_free(g, j);
         return rc;
@@ -955,9 +1036,18 @@ static tps_err get_slot(tps_ctx *ctx, tps_gpu *g, int slot, int dev, slot_dev **
     CUDA_TRY(ctx, cudaSetDevice(dev));
     if (!s->made) {
         CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+        pthread_mutex_init(&s->wmu, NULL);
+        pthread_condattr_t ca;
+        pthread_condattr_init(&ca);
+        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+        pthread_cond_init(&s->wcv, &ca);
+        pthread_condattr_destroy(&ca);
+        s->want_gen = s->done_gen = 0;
         cublasStatus_t st = cublasCreate(&s->blas);
         if (st != CUBLAS_STATUS_SUCCESS) {
             cudaStreamDestroy(s->stream);
+            pthread_mutex_destroy(&s->wmu);
+            pthread_cond_destroy(&s->wcv);
             return tps_fail(ctx, TPS_E_DEVICE, "cublasCreate failed (%s:%d): %s", __FILE__,
                             __LINE__, cublasGetStatusString(st));
         }
@@ -969,49 +1059,98 @@ static tps_err get_slot(tps_ctx *ctx, tps_gpu *g, int slot, int dev, slot_dev **
     return TPS_OK;
 }
 
-static tps_err slot_staging(tps_ctx *ctx, tps_gpu *g, slot_dev *s, int dev, size_t n)
+static void CUDART_CB slot_done(void *arg)
 {
-    if (s->dw_cap >= n) return TPS_OK;
-    TPS_TRY(stream_wait(ctx, g, s->stream, "staging")); /* idle already: job_rows waits */
-    if (s->dw) cudaFree(s->dw);
-    if (s->dwabs) cudaFree(s->dwabs);
-    s->dw = s->dwabs = NULL;
-    s->dw_cap = 0;
-    size_t want = round_up(n < ((size_t)8 << 20) ? ((size_t)8 << 20) : n);
-    size_t fr = 0, total = 0;
-    CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
-    if (2 * want + ((size_t)64 << 20) > fr)
-        return tps_fail(ctx, TPS_E_DEVICE,
-                        "GPU %d: out of device memory for %zu MiB of staging "
-                        "(%zu MiB free)",
-                        dev, 2 * want >> 20, fr >> 20);
-    CUDA_TRY(ctx, cudaMalloc(&s->dw, want));
-    CUDA_TRY(ctx, cudaMalloc(&s->dwabs, want));
-    s->dw_cap = want;
+    slot_dev *s = (slot_dev *)arg;
+    pthread_mutex_lock(&s->wmu);
+    s->done_gen++;
+    pthread_cond_broadcast(&s->wcv);
+    pthread_mutex_unlock(&s->wmu);
+}
+
+/* Waits for everything queued on the slot's stream, sleeping until a host
+ * function behind it says so; every 10 ms the stream is asked for errors,
+ * and past WAIT_S the device is declared stuck. */
+static tps_err slot_wait(tps_ctx *ctx, tps_gpu *g, slot_dev *s, const char *what)
+{
+    uint64_t target = ++s->want_gen;
+    CUDA_TRY(ctx, cudaLaunchHostFunc(s->stream, slot_done, s));
+    double deadline = now_s() + WAIT_S;
+    pthread_mutex_lock(&s->wmu);
+    while (s->done_gen < target) {
+        struct timespec ts;
+        clock_gettime(CLOCK_MONOTONIC, &ts);
+        ts.tv_nsec += 10000000;
+        if (ts.tv_nsec >= 1000000000) {
+            ts.tv_sec++;
+            ts.tv_nsec -= 1000000000;
+        }
+        if (pthread_cond_timedwait(&s->wcv, &s->wmu, &ts) != ETIMEDOUT) continue;
+        pthread_mutex_unlock(&s->wmu);
+        cudaError_t e = cudaStreamQuery(s->stream);
+        if (e == cudaErrorNotReady) (void)cudaGetLastError();
+        if (e != cudaSuccess && e != cudaErrorNotReady)
+            return tps_fail(ctx, TPS_E_DEVICE, "%s: cudaStreamQuery failed: %s: %s", what,
+                            cudaGetErrorName(e), cudaGetErrorString(e));
+        if (now_s() > deadline) {
+            g->stuck = 1; /* the host function may still run: the slot must stay */
+            return tps_fail(ctx, TPS_E_DEVICE, "%s: no progress in %.0f s (GPU hung?)", what,
+                            WAIT_S);
+        }
+        pthread_mutex_lock(&s->wmu);
+    }
+    pthread_mutex_unlock(&s->wmu);
+    s->pending = 0;
+    s->n_wait++;
     return TPS_OK;
 }
 
-extern "C" tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int side,
-                                    uint64_t row0, uint64_t nrows, const void *bytes)
+/* Room for n more bytes in the slot's staging: after what is queued, or,
+ * when it does not fit, after waiting for the queue (and growing). */
+static tps_err slot_reserve(tps_ctx *ctx, tps_gpu *g, slot_dev *s, int dev, size_t n,
+                            size_t *off)
 {
-    if (!j->matmul || !nrows) return TPS_OK;
-    if (side < 0 && !j->want_ref) return TPS_OK;
-    if (side >= j->tp) return tps_fail(ctx, TPS_E_ARG, "gpu job: rank %d out of range", side);
-    int dev = side < 0 ? g->ref_dev : g->dev_of_rank[(size_t)side];
-    if (dev < 0) return TPS_OK; /* a rank another process drives */
-    uint64_t width = side < 0 ? j->in : j->kr[(size_t)side];
-    if (!width) return TPS_OK;
-    if (nrows > INT32_MAX)
-        return tps_fail(ctx, TPS_E_ARG, "gpu job: %llu rows at once", (unsigned long long)nrows);
-    slot_dev *s = NULL;
-    TPS_TRY(get_slot(ctx, g, slot, dev, &s));
-    size_t nbytes = (size_t)(nrows * width) * j->es;
-    TPS_TRY(slot_staging(ctx, g, s, dev, nbytes));
-    CUDA_TRY(ctx, cudaMemcpyAsync(s->dw, bytes, nbytes, cudaMemcpyHostToDevice, s->stream));
+    size_t at = (s->used + 255) & ~(size_t)255;
+    if (at + n <= s->dw_cap) {
+        *off = at;
+        s->used = at + n;
+        return TPS_OK;
+    }
+    if (s->pending) TPS_TRY(slot_wait(ctx, g, s, "staging"));
+    s->used = 0;
+    s->ref_job = NULL;
+    if (n > s->dw_cap) {
+        if (s->dw) cudaFree(s->dw);
+        if (s->dwabs) cudaFree(s->dwabs);
+        s->dw = s->dwabs = NULL;
+        s->dw_cap = 0;
+        /* a task stages its source rows and every rank's rows: room for both */
+        size_t want = round_up(n < ((size_t)16 << 20) ? ((size_t)16 << 20) : 2 * n);
+        size_t fr = 0, total = 0;
+        CUDA_TRY(ctx, cudaMemGetInfo(&fr, &total));
+        if (2 * want + ((size_t)64 << 20) > fr)
+            return tps_fail(ctx, TPS_E_DEVICE,
+                            "GPU %d: out of device memory for %zu MiB of staging "
+                            "(%zu MiB free)",
+                            dev, 2 * want >> 20, fr >> 20);
+        CUDA_TRY(ctx, cudaMalloc(&s->dw, want));
+        CUDA_TRY(ctx, cudaMalloc(&s->dwabs, want));
+        s->dw_cap = want;
+    }
+    *off = 0;
+    s->used = n;
+    return TPS_OK;
+}
+
+/* Queues Y[:, rows] = X W[rows]^T for side's rows [row0, row0 + nrows), the
+ * weight rows at A (device, `width` elements each, lda apart). */
+static tps_err queue_gemm(tps_ctx *ctx, slot_dev *s, tps_gpu_job *j, int side, uint64_t row0,
+                          uint64_t nrows, uint64_t width, const void *A, uint64_t lda)
+{
     const float one = 1.0f, zero = 0.0f;
     cudaDataType_t t = cuda_type(j->op);
     /* Y[b, row0 + i] = sum_k W[row0 + i, k] X[b, k]: column-major C [rows, nb]
-     * with ldc = the output row length, A = W^T (lda = width), B = X^T. */
+     * with ldc = the output row length, A = W^T (lda = the row stride), B = X^T. */
     float *C;
     int ldc;
     const void *X;
@@ -1033,25 +1172,127 @@ extern "C" tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, in
         X = j->dx[(size_t)side];
     }
     CUBLAS_TRY(ctx, cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nrows, j->nb, (int)width,
-                                 &one, s->dw, t, (int)width, X, t, (int)width, &zero, C, CUDA_R_32F,
-                                 ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                 &one, A, t, (int)lda, X, t, (int)width, &zero, C, CUDA_R_32F, ldc,
+                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    s->n_gemm++;
+    s->pending = 1;
+    return TPS_OK;
+}
+
+static tps_err rows_check(tps_ctx *ctx, tps_gpu_job *j, int side, uint64_t nrows)
+{
+    if (side >= j->tp) return tps_fail(ctx, TPS_E_ARG, "gpu job: rank %d out of range", side);
+    if (nrows > INT32_MAX)
+        return tps_fail(ctx, TPS_E_ARG, "gpu job: %llu rows at once", (unsigned long long)nrows);
+    return TPS_OK;
+}
+
+extern "C" tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int side,
+                                    uint64_t row0, uint64_t nrows, const void *bytes)
+{
+    if (!j->matmul || !nrows) return TPS_OK;
+    if (side < 0 && !j->want_ref) return TPS_OK;
+    TPS_TRY(rows_check(ctx, j, side, nrows));
+    int dev = side < 0 ? g->ref_dev : g->dev_of_rank[(size_t)side];
+    if (dev < 0) return TPS_OK; /* a rank another process drives */
+    uint64_t width = side < 0 ? j->in : j->kr[(size_t)side];
+    if (!width) return TPS_OK;
+    slot_dev *s = NULL;
+    TPS_TRY(get_slot(ctx, g, slot, dev, &s));
+    size_t nbytes = (size_t)(nrows * width) * j->es, off = 0;
+    TPS_TRY(slot_reserve(ctx, g, s, dev, nbytes, &off));
+    unsigned char *dw = (unsigned char *)s->dw + off;
+    CUDA_TRY(ctx, cudaMemcpyAsync(dw, bytes, nbytes, cudaMemcpyHostToDevice, s->stream));
+    s->n_h2d += nbytes;
+    s->pending = 1;
+    TPS_TRY(queue_gemm(ctx, s, j, side, row0, nrows, width, dw, width));
     if (side < 0) {
         size_t n = (size_t)(nrows * width);
+        unsigned char *da = (unsigned char *)s->dwabs + off;
         (void)cudaGetLastError(); /* so that KERNEL_TRY sees this launch's error only */
         if (j->es == 2)
-            k_abs16<<<grid_for(n), 256, 0, s->stream>>>((uint16_t *)s->dwabs,
-                                                        (const uint16_t *)s->dw, n);
+            k_abs16<<<grid_for(n), 256, 0, s->stream>>>((uint16_t *)da, (const uint16_t *)dw, n);
         else
-            k_abs32<<<grid_for(n), 256, 0, s->stream>>>((uint32_t *)s->dwabs,
-                                                        (const uint32_t *)s->dw, n);
+            k_abs32<<<grid_for(n), 256, 0, s->stream>>>((uint32_t *)da, (const uint32_t *)dw, n);
         KERNEL_TRY(ctx, "abs");
+        const float one = 1.0f, zero = 0.0f;
+        cudaDataType_t t = cuda_type(j->op);
         CUBLAS_TRY(ctx, cublasGemmEx(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)nrows, j->nb,
-                                     (int)width, &one, s->dwabs, t, (int)width, j->dxabs, t,
-                                     (int)width, &zero, j->dsabs + row0, CUDA_R_32F, (int)j->out,
+                                     (int)width, &one, da, t, (int)width, j->dxabs, t, (int)width,
+                                     &zero, j->dsabs + row0, CUDA_R_32F, (int)j->out,
                                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+        s->n_gemm++;
+        s->ref_job = j;
+        s->ref_ptr = dw;
+        s->ref_row0 = row0;
+        s->ref_rows = nrows;
+        s->ref_width = width;
     }
-    /* the caller reuses `bytes` as soon as we return */
-    return stream_wait(ctx, g, s->stream, "weight rows -> GEMM");
+    return TPS_OK;
+}
+
+extern "C" tps_err tps_gpu_job_rows_ref(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot,
+                                        int side, uint64_t row0, uint64_t nrows, uint64_t col0,
+                                        int *done)
+{
+    *done = 0;
+    if (!j->matmul || !nrows || side < 0) return TPS_OK;
+    TPS_TRY(rows_check(ctx, j, side, nrows));
+    int dev = g->dev_of_rank[(size_t)side];
+    if (dev < 0 || !j->kr[(size_t)side]) {
+        *done = 1; /* nothing to compute here */
+        return TPS_OK;
+    }
+    if (dev != g->ref_dev) return TPS_OK;
+    slot_dev *s = NULL;
+    TPS_TRY(get_slot(ctx, g, slot, dev, &s));
+    uint64_t width = j->kr[(size_t)side];
+    if (s->ref_job != j || row0 < s->ref_row0 || row0 + nrows > s->ref_row0 + s->ref_rows ||
+        col0 + width > s->ref_width)
+        return TPS_OK;
+    const unsigned char *A =
+        s->ref_ptr + ((row0 - s->ref_row0) * s->ref_width + col0) * (uint64_t)j->es;
+    TPS_TRY(queue_gemm(ctx, s, j, side, row0, nrows, width, A, s->ref_width));
+    s->n_reused += (uint64_t)(nrows * width) * j->es;
+    *done = 1;
+    return TPS_OK;
+}
+
+extern "C" tps_err tps_gpu_slot_sync(tps_ctx *ctx, tps_gpu *g, int slot)
+{
+    if (slot < 0 || slot >= g->nslots) return TPS_OK;
+    for (size_t di = 0; di < g->devs.size(); di++) {
+        slot_dev *s = &g->slots[(size_t)slot * g->devs.size() + di];
+        if (!s->made) continue;
+        if (s->pending) {
+            CUDA_TRY(ctx, cudaSetDevice(g->devs[di]));
+            TPS_TRY(slot_wait(ctx, g, s, "weight rows -> GEMM"));
+        }
+        s->used = 0;
+        s->ref_job = NULL;
+    }
+    return TPS_OK;
+}
+
+extern "C" void tps_gpu_stats(const tps_gpu *g, char *buf, size_t len)
+{
+    uint64_t h2d = 0, reused = 0, gemm = 0, waits = 0;
+    int handles = 0;
+    for (size_t i = 0; i < g->slots.size(); i++) {
+        const slot_dev *s = &g->slots[i];
+        handles += s->made;
+        h2d += s->n_h2d;
+        reused += s->n_reused;
+        gemm += s->n_gemm;
+        waits += s->n_wait;
+    }
+    snprintf(buf, len,
+             "%s: opened in %.3f s; %d cuBLAS handle%s; %.3f GB of weight rows uploaded, "
+             "%.3f GB proven identical to staged reference rows and not uploaded again; "
+             "%llu GEMMs, %llu stream waits",
+             g->kind == TPS_BACKEND_NCCL ? "nccl" : "cuda", g->open_s, handles,
+             handles == 1 ? "" : "s", (double)h2d / 1e9, (double)reused / 1e9,
+             (unsigned long long)gemm, (unsigned long long)waits);
 }
 
 extern "C" tps_err tps_gpu_job_contrib(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int rank,

@@ -10,7 +10,15 @@
  *                         [nb, kr[r]]) and sizes the device outputs;
  *   tps_gpu_job_rows      takes weight rows as they are read (reference rows
  *                         from the source, rank r's rows from its rank file)
- *                         and runs Y[:, rows] = X W[rows]^T with cuBLAS;
+ *                         and queues Y[:, rows] = X W[rows]^T with cuBLAS on
+ *                         the calling slot's stream;
+ *   tps_gpu_job_rows_ref  the same for rank rows that the caller has just
+ *                         compared byte for byte with reference rows this
+ *                         slot staged: the GEMM reads the staged copy, so
+ *                         identical bytes cross PCIe once (rows that differ
+ *                         go through tps_gpu_job_rows, so a corrupt shard's
+ *                         own bytes feed its product);
+ *   tps_gpu_slot_sync     waits for what the slot queued (once per task);
  *   tps_gpu_job_contrib   takes a rank's precomputed contribution instead
  *                         (embedding lookups);
  *   tps_gpu_job_finish    runs the all-gather (colwise) or all-reduce
@@ -19,8 +27,11 @@
  *                         results back.
  *
  * Threads: job_rows may be called concurrently for the same or different
- * jobs with distinct `slot`s (0 .. nslots-1, one per calling thread); it
- * returns when the bytes may be reused. job_new, job_contrib, job_finish and
+ * jobs with distinct `slot`s (0 .. nslots-1, one per calling thread). The
+ * bytes it takes must stay unchanged until the slot's next tps_gpu_slot_sync
+ * (pinned buffers are copied asynchronously; pageable ones are staged before
+ * it returns), and a job's products are complete only once every slot that
+ * fed it has synced. job_new, job_contrib, job_finish and
  * job_free are called by one thread at a time, and job_finish in the same job
  * order on every process (NCCL needs the collectives in one order).
  * Every CUDA/cuBLAS/NCCL failure returns TPS_E_DEVICE with the call, file:line
@@ -76,6 +87,17 @@ tps_err tps_gpu_job_new(tps_ctx *ctx, tps_gpu *g, const tps_gpu_job_desc *d, tps
  * elements; side r: rank r's rows (global row numbers), each kr[r] elements. */
 tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int side,
                          uint64_t row0, uint64_t nrows, const void *bytes);
+/* Rank `side`'s rows [row0, row0 + nrows), columns [col0, col0 + kr[side]),
+ * from the reference rows this slot staged last in this task (they start at
+ * their own row0 and are `in` wide). *done = 1 when queued (or nothing to
+ * do); 0 when those rows are not staged here (another device, another job,
+ * no reference on this process): then call tps_gpu_job_rows. */
+tps_err tps_gpu_job_rows_ref(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int side,
+                             uint64_t row0, uint64_t nrows, uint64_t col0, int *done);
+/* Waits for the slot's queued copies and GEMMs; the staging is free again. */
+tps_err tps_gpu_slot_sync(tps_ctx *ctx, tps_gpu *g, int slot);
+/* One line: open time, handles, bytes uploaded and reused, GEMMs, waits. */
+void tps_gpu_stats(const tps_gpu *g, char *buf, size_t len);
 /* Rank r's [nb, gather ? len[r] : out] f32 contribution. */
 tps_err tps_gpu_job_contrib(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int rank, const float *host);
 /* yref and sabs ([nb, out], only with want_ref; may be NULL) and ysh ([nb, out]). */

@@ -56,6 +56,23 @@ tps_err tps_gpu_job_rows(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int
     (void)g, (void)j, (void)slot, (void)side, (void)row0, (void)nrows, (void)bytes;
     return tps_fail(ctx, TPS_E_UNSUPPORTED, "%s", NOT_BUILT);
 }
+tps_err tps_gpu_job_rows_ref(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int slot, int side,
+                             uint64_t row0, uint64_t nrows, uint64_t col0, int *done)
+{
+    (void)g, (void)j, (void)slot, (void)side, (void)row0, (void)nrows, (void)col0;
+    *done = 0;
+    return tps_fail(ctx, TPS_E_UNSUPPORTED, "%s", NOT_BUILT);
+}
+tps_err tps_gpu_slot_sync(tps_ctx *ctx, tps_gpu *g, int slot)
+{
+    (void)ctx, (void)g, (void)slot;
+    return TPS_OK;
+}
+void tps_gpu_stats(const tps_gpu *g, char *buf, size_t len)
+{
+    (void)g;
+    if (len) buf[0] = 0;
+}
 tps_err tps_gpu_job_contrib(tps_ctx *ctx, tps_gpu *g, tps_gpu_job *j, int rank, const float *host)
 {
     (void)g, (void)j, (void)rank, (void)host;
