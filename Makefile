@@ -103,7 +103,7 @@ build/tests/%: tests/unit/%.c tests/unit/test.h libtpshard.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit $(LDFLAGS) -o $@ $< libtpshard.a $(LDLIBS)
 
-build/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c libtpshard.a
+build/tests/replay_%: tests/fuzz/%.c tests/fuzz/replay.c tests/fuzz/fuzz_common.h libtpshard.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c libtpshard.a $(LDLIBS)
 

@@ -85,6 +85,8 @@ for p in $pages; do
     w=$(groff -man -Tutf8 -ww -z "$f" 2>&1)
     [ -z "$w" ] && ok "man: $p renders without groff warnings" ||
       { notok "man: $p renders without groff warnings"; show "$w"; }
+  else
+    echo "skip - man: $p rendering not checked: groff is not installed (apt-get install groff-base)"
   fi
 done
 

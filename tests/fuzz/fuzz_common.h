@@ -46,7 +46,7 @@ static void fz_cleanup(void)
 }
 
 /* The per-process scratch dir, made on first use and removed at exit. */
-static const char *fz_dir(void)
+static inline const char *fz_dir(void)
 {
     if (!fz_root[0]) {
         const char *tmp = getenv("TMPDIR");
@@ -61,14 +61,14 @@ static const char *fz_dir(void)
 }
 
 /* dir/name, static buffer (one at a time). */
-static const char *fz_path(const char *sub, const char *name)
+static inline const char *fz_path(const char *sub, const char *name)
 {
     static char p[1024];
     snprintf(p, sizeof p, "%s/%s%s%s", fz_dir(), sub ? sub : "", sub ? "/" : "", name);
     return p;
 }
 
-static void fz_mkdir(const char *sub)
+static inline void fz_mkdir(const char *sub)
 {
     char p[1024];
     snprintf(p, sizeof p, "%s/%s", fz_dir(), sub);
@@ -78,7 +78,7 @@ static void fz_mkdir(const char *sub)
     }
 }
 
-static void fz_write(const char *path, const void *data, size_t len)
+static inline void fz_write(const char *path, const void *data, size_t len)
 {
     FILE *f = fopen(path, "wb");
     if (!f || (len && fwrite(data, 1, len, f) != len) || fclose(f) != 0) {
@@ -95,7 +95,7 @@ typedef struct {
     uint64_t shape[4];
 } fz_tensor;
 
-static void fz_write_st(const char *path, const fz_tensor *t, size_t n)
+static inline void fz_write_st(const char *path, const fz_tensor *t, size_t n)
 {
     tps_ctx *ctx = tps_ctx_new();
     tps_st_entry e[64];
@@ -147,7 +147,7 @@ static const fz_tensor fz_llama[] = {
 #define FZ_NLLAMA (sizeof fz_llama / sizeof fz_llama[0])
 
 /* <root>/<sub>/: config.json (unless config is NULL) + model.safetensors. */
-static void fz_make_llama(const char *sub, const char *config)
+static inline void fz_make_llama(const char *sub, const char *config)
 {
     fz_mkdir(sub);
     if (config) fz_write(fz_path(sub, "config.json"), config, strlen(config));
@@ -155,7 +155,7 @@ static void fz_make_llama(const char *sub, const char *config)
 }
 
 /* Exercise what an opened checkpoint offers, reading every tensor's bytes. */
-static void fz_walk_ckpt(tps_ctx *ctx, const tps_ckpt *ck)
+static inline void fz_walk_ckpt(tps_ctx *ctx, const tps_ckpt *ck)
 {
     (void)tps_ckpt_kind(ck);
     (void)tps_ckpt_stem(ck);
