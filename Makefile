@@ -40,7 +40,7 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-LIB_SRCS := $(filter-out lib/verify_cuda_stub.c,$(wildcard lib/*.c)) lib/plans_gen.c
+LIB_SRCS := $(filter-out lib/verify_cuda_stub.c,$(wildcard lib/*.c)) lib/plans_gen.c lib/layouts_gen.c
 LIB_SRCS := $(sort $(LIB_SRCS))
 ifeq ($(CUDA),1)
 CFLAGS   += -DTPS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
@@ -59,6 +59,7 @@ TEST_BINS := $(patsubst tests/unit/%.c,build/tests/%,$(TEST_SRCS))
 FUZZ_SRCS := $(wildcard tests/fuzz/fuzz_*.c)
 FUZZ_REPLAY := $(patsubst tests/fuzz/%.c,build/tests/replay_%,$(FUZZ_SRCS))
 PLANS := $(sort $(wildcard plans/*.yaml))
+LAYOUTS := $(sort $(wildcard plans/layouts/*.yaml))
 BUILD_FLAGS := $(CUDA)|$(OPENMP)|$(DEBUG)|$(SANITIZE)|$(CC)
 
 .PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin
@@ -81,6 +82,9 @@ FORCE:
 
 lib/plans_gen.c: $(PLANS) tools/embed.sh
 	sh tools/embed.sh $(PLANS) > $@.tmp && mv $@.tmp $@
+
+lib/layouts_gen.c: $(LAYOUTS) tools/embed.sh
+	sh tools/embed.sh --table tps_builtin_layouts $(LAYOUTS) > $@.tmp && mv $@.tmp $@
 
 HEADERS := $(wildcard lib/*.h cmd/*.h)
 
@@ -150,4 +154,4 @@ uninstall:
 	for f in man/*.5; do rm -f $(DESTDIR)$(PREFIX)/share/man/man5/$$(basename $$f); done
 
 clean:
-	rm -rf build tpshard libtpshard.a lib/plans_gen.c
+	rm -rf build tpshard libtpshard.a lib/plans_gen.c lib/layouts_gen.c

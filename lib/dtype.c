@@ -129,3 +129,49 @@ int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n)
     for (size_t i = 0; i < n; i++) dst[i] = lut[t][s[i]];
     return 0;
 }
+
+/* f32 bits -> bf16, round to nearest even (NaN stays NaN). */
+static uint16_t bf16_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* f32 -> IEEE half, round to nearest even. */
+static uint16_t half_from_f32(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* overflow -> inf */
+    if (a < 0x38800000u) {                                    /* subnormal or zero */
+        float m;
+        memcpy(&m, &a, 4);
+        m *= 16777216.0f; /* 2^24: half subnormals are multiples of 2^-24 */
+        return (uint16_t)(sign | (uint32_t)lrintf(m));
+    }
+    uint32_t r = a - 0x38000000u; /* rebias 127 -> 15 */
+    r += 0xfffu + ((r >> 13) & 1u);
+    return (uint16_t)(sign | (r >> 13));
+}
+
+void tps_encode_value(tps_dtype d, double v, unsigned char *out)
+{
+    float f = (float)v;
+    memset(out, 0, 8);
+    if (d == TPS_F32) {
+        memcpy(out, &f, 4);
+    } else if (d == TPS_BF16) {
+        uint16_t h = bf16_from_f32(f);
+        memcpy(out, &h, 2);
+    } else if (d == TPS_F16) {
+        uint16_t h = half_from_f32(f);
+        memcpy(out, &h, 2);
+    } else if (d == TPS_F64) {
+        memcpy(out, &v, 8);
+    }
+}

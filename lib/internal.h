@@ -117,6 +117,9 @@ void tps_guard_leave(void);
 
 /* ------------------------------------------------------------------ dtype */
 
+/* One element of value v in dtype d (F32, F16, BF16: round to nearest even)
+ * into out (little-endian); others get zeros. */
+void tps_encode_value(tps_dtype d, double v, unsigned char *out);
 /* Converts n elements of dtype d at src (unaligned ok) to f32. 0 ok, -1 not a float dtype. */
 int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n);
 
@@ -307,6 +310,73 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
                             tps_check_outcome **out, size_t *n);
 void tps_check_outcomes_free(tps_check_outcome *o, size_t n);
 
+/* ------------------------------------------------------------------ layout files (plan.c) */
+
+/* How a serving layout splits a tensor (a plan style says it for DTensor). */
+typedef enum {
+    TPS_SPLIT_PLAN = 0, /* as the plan's style says, with the layout's split rule */
+    TPS_SPLIT_REPLICATE,
+    TPS_SPLIT_ROWS,     /* dim 0 */
+    TPS_SPLIT_COLUMNS,  /* dim 1 */
+    TPS_SPLIT_VOCAB,    /* dim 0, padded to the layout's vocab_padding, then evenly */
+} tps_split_kind;
+
+typedef struct {
+    char *module;  /* leaf module name, e.g. "k_proj" */
+    char *heads;   /* config field counting its heads, or NULL: split by rows */
+    int replicate; /* fewer heads than ranks: whole heads replicated (else refused) */
+} tps_lpart;
+
+typedef struct {
+    char *name;    /* relative to the fused module's parent, e.g. "attn._k_scale" */
+    tps_dtype dtype;
+    double value;
+} tps_lextra;
+
+typedef struct {
+    char *into;    /* leaf name of the fused module, e.g. "qkv_proj" */
+    tps_lpart *parts;
+    size_t nparts;
+    tps_lextra *extra;
+    size_t nextra;
+    int line;
+} tps_lfuse;
+
+typedef struct {
+    char **patterns;
+    size_t npat;
+    tps_cond *when;
+    tps_split_kind split;
+    int line;
+} tps_lrule;
+
+/* A layout file (plans/layouts/NAME.yaml): how an engine's rank files
+ * differ from the DTensor shards of the plan. */
+typedef struct tps_lspec {
+    char *name, *target, *description, *label;
+    char *text;        /* the file as read: the manifest keeps it */
+    size_t text_len;
+    char **architectures;
+    size_t narch;
+    char **model_types;
+    size_t nmt;
+    int exact;         /* splits must divide evenly (else torch.chunk) */
+    uint64_t vocab_pad;
+    char **vocab;      /* module paths whose dim 0 is the vocabulary */
+    size_t nvocab;
+    char *tied_head, *tied_embedding; /* module paths, or NULL */
+    tps_lrule *rules;
+    size_t nrules;
+    tps_lfuse *fuse;
+    size_t nfuse;
+} tps_lspec;
+
+tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
+                        tps_lspec **out);
+void tps_lspec_free(tps_lspec *s);
+/* Module path patterns as plans match them ('*' one component). */
+int tps_module_match(const char *pattern, const char *module, size_t mlen);
+
 /* ------------------------------------------------------------------ layout */
 
 typedef struct {
@@ -316,16 +386,75 @@ typedef struct {
     const char *rule; /* borrowed from the plan */
 } tps_place;
 
+/* The compiled layout: every rank's tensors, each an ordered list of pieces.
+ * A source piece is a region [lo, hi) along dim of a source tensor (dim -1:
+ * the whole tensor), laid out in the rank tensor as the region's own
+ * row-major bytes at byte `at`. Regions are numbered: the replicas of a
+ * region (whole KV heads on several ranks, replicated tensors) share it. */
+typedef enum { TPS_PK_SRC = 0, TPS_PK_ZERO, TPS_PK_CONST } tps_piece_kind;
+
+typedef struct {
+    tps_piece_kind kind;
+    int rank;        /* its rank tensor's */
+    size_t region;   /* SRC */
+    uint64_t at;     /* byte offset in the rank tensor */
+    uint64_t nbytes;
+    int replica;     /* SRC: another piece of the same region is the primary */
+    double value;    /* CONST: every element, in the rank tensor's dtype */
+} tps_lpiece;
+
+typedef struct {
+    size_t src;      /* index into ck->t */
+    int dim;         /* -1: the whole tensor */
+    uint64_t lo, hi;
+    uint64_t nbytes;
+    size_t primary;  /* index of its primary piece in L->pieces */
+} tps_region;
+
+typedef struct {
+    const char *name; /* borrowed from the source tensor, or L->names */
+    int rank;
+    tps_dtype dtype;
+    int ndim;
+    uint64_t shape[TPS_MAX_DIMS];
+    uint64_t nbytes;
+    size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
+    const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
+    int simple;      /* exactly one source piece under the source tensor's own name */
+} tps_rtensor;
+
 struct tps_layout {
     const tps_ckpt *ck;
     const tps_plan *plan;
+    const tps_lspec *spec; /* NULL: the DTensor layout of the plan */
     int tp;
     tps_place *p;     /* same order as ck->t */
     size_t n;
     tps_check_outcome *checks;
     size_t nchecks;
     char *rejected;
+    /* compiled (tps_layout_compile) */
+    tps_rtensor *rt;  /* by rank, then name */
+    size_t nrt;
+    size_t *rank_rt;  /* rank r's tensors: rt[rank_rt[r] .. rank_rt[r + 1]) */
+    tps_lpiece *pieces;
+    size_t npieces, cap_pieces;
+    tps_region *regions;
+    size_t nregions, cap_regions;
+    size_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
+    size_t *src_piece0;
+    char **names;     /* made-up rank tensor names (owned) */
+    size_t nnames;
+    int dropped_any;  /* a source tensor with no piece (never: every byte must land) */
 };
+
+/* Fills rt/pieces/regions for L's layout (the plan's placements, or the
+ * spec). Refusals (head counts, divisibility, missing fused parts) set
+ * L->rejected and return TPS_OK; malformed input returns an error. */
+tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L);
+/* Bytes of a region's element row geometry: [outer, n, inner]. */
+void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, uint64_t *row,
+                     uint64_t *s, uint64_t *l);
 
 /* Bytes of tensor i on rank r under the layout. */
 uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
@@ -336,7 +465,8 @@ void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
 /* ------------------------------------------------------------------ manifest */
 
 #define TPS_MANIFEST "tpshard.json"
-#define TPS_MANIFEST_FORMAT 1
+#define TPS_MANIFEST_FORMAT 1        /* the DTensor layout */
+#define TPS_MANIFEST_FORMAT_LAYOUT 2 /* a serving layout: pieces, rank_tensors */
 #define TPS_MAX_MANIFEST_ENTRIES 1048576 /* tensors x tp */
 
 #endif

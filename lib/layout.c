@@ -1,9 +1,28 @@
-/* layout.c - plan x checkpoint x tp: every tensor's placement, validated
- * before a byte is written (plan first, write second). */
+/* layout.c - plan x checkpoint x tp (x layout file): every rank's tensors and
+ * where each of their bytes comes from, validated before a byte is written
+ * (plan first, write second).
+ *
+ * Two steps. tps_layout_new places every source tensor as the plan says
+ * (style, DTensor dim) and runs the plan's checks. tps_layout_compile turns
+ * that into rank tensors made of pieces: for the DTensor layout one piece per
+ * rank tensor (the torch.chunk shard); for a serving layout (a layout file,
+ * see tpshard-plan(5)) fused projections, whole KV heads replicated, a padded
+ * vocabulary, a tied head, the engine's extra entries. Split, the manifest,
+ * check, merge and verify all read this one description. */
 #include "internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* layouts_gen.c, made by tools/embed.sh from plans/layouts/ */
+typedef struct {
+    const char *name;
+    const char *text;
+    size_t len;
+} builtin_layout;
+extern const builtin_layout tps_builtin_layouts[];
+extern const size_t tps_builtin_layouts_n;
 
 static const char *param_of(const char *name)
 {
@@ -32,11 +51,80 @@ void tps_layout_free(tps_layout *L)
     free(L->p);
     tps_check_outcomes_free(L->checks, L->nchecks);
     free(L->rejected);
+    free(L->rt);
+    free(L->rank_rt);
+    free(L->pieces);
+    free(L->regions);
+    free(L->src_pieces);
+    free(L->src_piece0);
+    for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
+    free(L->names);
     free(L);
 }
 
-tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
-                       tps_layout **out)
+/* ------------------------------------------------------------------ layout files */
+
+size_t tps_layout_spec_builtin_count(void)
+{
+    return tps_builtin_layouts_n;
+}
+
+const char *tps_layout_spec_builtin_name(size_t i)
+{
+    return i < tps_builtin_layouts_n ? tps_builtin_layouts[i].name : NULL;
+}
+
+tps_err tps_layout_spec_builtin(tps_ctx *ctx, const char *name, tps_layout_spec **out)
+{
+    *out = NULL;
+    char list[256] = "dtensor";
+    size_t off = strlen(list);
+    for (size_t i = 0; i < tps_builtin_layouts_n; i++) {
+        if (name && !strcmp(name, tps_builtin_layouts[i].name)) {
+            char label[128];
+            snprintf(label, sizeof label, "plans/layouts/%s.yaml", tps_builtin_layouts[i].name);
+            return tps_lspec_parse(ctx, label, tps_builtin_layouts[i].text,
+                                   tps_builtin_layouts[i].len, out);
+        }
+        if (off < sizeof list)
+            off += (size_t)snprintf(list + off, sizeof list - off, ", %s",
+                                    tps_builtin_layouts[i].name);
+    }
+    return tps_fail(ctx, TPS_E_ARG, "unknown layout '%s' (built in: %s; or a layout file)",
+                    name ? name : "", list);
+}
+
+tps_err tps_layout_spec_load(tps_ctx *ctx, const char *path, tps_layout_spec **out)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    *out = NULL;
+    if (tps_is_dir(path)) return tps_fail(ctx, TPS_E_ARG, "%s: is a directory, not a layout file", path);
+    TPS_TRY(tps_read_file(ctx, path, (size_t)1 << 20, &buf, &len));
+    tps_err rc = tps_lspec_parse(ctx, path, buf, len, out);
+    free(buf);
+    return rc;
+}
+
+void tps_layout_spec_free(tps_layout_spec *s)
+{
+    tps_lspec_free(s);
+}
+
+const char *tps_layout_spec_name(const tps_layout_spec *s)
+{
+    return s ? s->name : "dtensor";
+}
+
+const char *tps_layout_spec_target(const tps_layout_spec *s)
+{
+    return s ? s->target : NULL;
+}
+
+/* ------------------------------------------------------------------ placements */
+
+tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                            const tps_layout_spec *spec, int tp, tps_layout **out)
 {
     *out = NULL;
     if (tp < 1 || tp > 4096) return tps_fail(ctx, TPS_E_ARG, "tp must be between 1 and 4096, not %d", tp);
@@ -45,18 +133,23 @@ tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, i
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->ck = ck;
     L->plan = plan;
+    L->spec = spec;
     L->tp = tp;
     L->n = ck->n;
-    L->p = tps_xcalloc(ck->n, sizeof *L->p);
+    L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
     TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
-    /* The plan's checks first: when it rejects the model, its reason is what
-     * the user needs, not a shape complaint about a tensor. */
-    TPS_CHECK(tps_plan_run_checks(ctx, plan, ck->config, tp, &L->checks, &L->nchecks));
-    for (size_t i = 0; i < L->nchecks; i++)
-        if (L->checks[i].ok == 0) {
-            L->rejected = tps_asprintf("%s: %s", L->checks[i].name, L->checks[i].detail);
-            break;
-        }
+    /* The plan's checks are NeMo's rules for the DTensor layout; a serving
+     * layout has its own (the engine's), which compile runs. When the plan
+     * rejects the model, its reason is what the user needs, not a shape
+     * complaint about a tensor. */
+    if (!spec) {
+        TPS_CHECK(tps_plan_run_checks(ctx, plan, ck->config, tp, &L->checks, &L->nchecks));
+        for (size_t i = 0; i < L->nchecks; i++)
+            if (L->checks[i].ok == 0) {
+                L->rejected = tps_asprintf("%s: %s", L->checks[i].name, L->checks[i].detail);
+                break;
+            }
+    }
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         tps_place *pl = &L->p[i];
@@ -70,20 +163,8 @@ tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, i
         TPS_FAIL_IF(pl->dim >= t->ndim, ctx, TPS_E_SHAPE,
                     "%s: tensor '%s' is %d-D, but style %s (rule '%s') shards dim %d", ck->path,
                     t->name, t->ndim, tps_style_name(pl->style), pat, pl->dim);
-        /* Sub-byte dtypes: every cut must fall on a byte boundary. */
-        uint64_t inner_bits = tps_dtype_bits(t->dtype);
-        for (int d = pl->dim + 1; d < t->ndim; d++) inner_bits *= t->shape[d];
-        for (int r2 = 0; r2 < tp; r2++) {
-            uint64_t s, l;
-            tps_chunk(t->shape[pl->dim], tp, r2, &s, &l);
-            TPS_FAIL_IF((s * inner_bits) % 8 || (l * inner_bits) % 8 ||
-                            (t->shape[pl->dim] * inner_bits) % 8,
-                        ctx, TPS_E_SHAPE,
-                        "%s: tensor '%s' (%s) cannot be split at tp %d: rank %d's shard along dim %d "
-                        "does not start and end on a byte boundary",
-                        ck->path, t->name, tps_dtype_name(t->dtype), tp, r2, pl->dim);
-        }
     }
+    TPS_CHECK(tps_layout_compile(ctx, L));
 out:
     if (rc) {
         tps_layout_free(L);
@@ -92,6 +173,756 @@ out:
     *out = L;
     return rc;
 }
+
+tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
+                       tps_layout **out)
+{
+    return tps_layout_new_with(ctx, ck, plan, NULL, tp, out);
+}
+
+/* ------------------------------------------------------------------ compile */
+
+/* Bits of one step along dim d (the product of the dims after it). */
+static uint64_t inner_bits(const tps_ctensor *t, int d)
+{
+    uint64_t b = tps_dtype_bits(t->dtype);
+    for (int k = d + 1; k < t->ndim; k++) b *= t->shape[k];
+    return b;
+}
+
+void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, uint64_t *row,
+                     uint64_t *s, uint64_t *l)
+{
+    const tps_ctensor *t = &ck->t[g->src];
+    if (g->dim < 0) {
+        *outer = 1;
+        *row = *l = t->nbytes;
+        *s = 0;
+        return;
+    }
+    uint64_t ib = inner_bits(t, g->dim);
+    *outer = 1;
+    for (int k = 0; k < g->dim; k++) *outer *= t->shape[k];
+    *row = t->shape[g->dim] * ib / 8;
+    *s = g->lo * ib / 8;
+    *l = (g->hi - g->lo) * ib / 8;
+}
+
+typedef struct {
+    tps_ctx *ctx;
+    tps_layout *L;
+    const tps_ckpt *ck;
+    int tp;
+    size_t cap_rt;
+    unsigned char *used; /* per source tensor: placed */
+    char why[1024];      /* the first refusal */
+} cstate;
+
+static int refuse(cstate *C, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int refuse(cstate *C, const char *fmt, ...)
+{
+    if (!C->why[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(C->why, sizeof C->why, fmt, ap);
+        va_end(ap);
+    }
+    return 1;
+}
+
+static tps_err nomem(cstate *C)
+{
+    return tps_fail(C->ctx, TPS_E_NOMEM, "out of memory");
+}
+
+static tps_err new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int ndim,
+                      const uint64_t *shape, const char *rule, tps_rtensor **out)
+{
+    tps_layout *L = C->L;
+    if (L->nrt == C->cap_rt) {
+        size_t cap = C->cap_rt ? C->cap_rt * 2 : 256;
+        tps_rtensor *n = realloc(L->rt, cap * sizeof *n);
+        if (!n) return nomem(C);
+        L->rt = n;
+        C->cap_rt = cap;
+    }
+    tps_rtensor *r = &L->rt[L->nrt++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    r->rank = rank;
+    r->dtype = dt;
+    r->ndim = ndim;
+    memcpy(r->shape, shape, sizeof(uint64_t) * (size_t)ndim);
+    int ovf = 0, mis = 0;
+    r->nbytes = tps_nbytes(dt, r->shape, ndim, &ovf, &mis);
+    if (ovf || mis)
+        return tps_fail(C->ctx, TPS_E_SHAPE, "%s: rank %d's tensor '%s' has no whole byte size",
+                        C->ck->path, rank, name);
+    r->piece0 = L->npieces;
+    r->rule = rule;
+    *out = r;
+    return TPS_OK;
+}
+
+static tps_err add_piece(cstate *C, tps_rtensor *r, tps_lpiece p)
+{
+    tps_layout *L = C->L;
+    if (L->npieces == L->cap_pieces) {
+        size_t cap = L->cap_pieces ? L->cap_pieces * 2 : 256;
+        tps_lpiece *n = realloc(L->pieces, cap * sizeof *n);
+        if (!n) return nomem(C);
+        L->pieces = n;
+        L->cap_pieces = cap;
+    }
+    p.rank = r->rank;
+    L->pieces[L->npieces++] = p;
+    r->npieces++;
+    return TPS_OK;
+}
+
+/* The region (src, dim, [lo, hi)), made on first use; *fresh says so. */
+static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t hi, size_t *out,
+                         int *fresh)
+{
+    tps_layout *L = C->L;
+    /* Replicas are made right after their primary, by the same tensor's
+     * loop: a backwards scan over that tensor's regions finds them. */
+    for (size_t k = L->nregions; k-- > 0;) {
+        const tps_region *g = &L->regions[k];
+        if (g->src != src) break;
+        if (g->dim == dim && g->lo == lo && g->hi == hi) {
+            *out = k;
+            *fresh = 0;
+            return TPS_OK;
+        }
+    }
+    if (L->nregions == L->cap_regions) {
+        size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
+        tps_region *n = realloc(L->regions, cap * sizeof *n);
+        if (!n) return nomem(C);
+        L->regions = n;
+        L->cap_regions = cap;
+    }
+    tps_region *g = &L->regions[L->nregions];
+    *g = (tps_region){.src = src, .dim = dim, .lo = lo, .hi = hi};
+    uint64_t outer, row, s, l;
+    tps_region_geom(C->ck, g, &outer, &row, &s, &l);
+    const tps_ctensor *t = &C->ck->t[src];
+    if (dim >= 0) {
+        uint64_t ib = inner_bits(t, dim);
+        if ((lo * ib) % 8 || (hi * ib) % 8)
+            return tps_fail(C->ctx, TPS_E_SHAPE,
+                            "%s: tensor '%s' (%s) cannot be split at tp %d: a shard along dim %d "
+                            "does not start and end on a byte boundary",
+                            C->ck->path, t->name, tps_dtype_name(t->dtype), C->tp, dim);
+    }
+    g->nbytes = outer * l;
+    *out = L->nregions++;
+    *fresh = 1;
+    return TPS_OK;
+}
+
+/* Adds source piece [lo, hi) along dim of src to r at byte at. */
+static tps_err src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
+                         uint64_t at)
+{
+    size_t g = 0;
+    int fresh = 0;
+    TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
+    if (fresh) C->L->regions[g].primary = C->L->npieces;
+    C->used[src] = 1;
+    return add_piece(C, r, (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
+                                        .nbytes = C->L->regions[g].nbytes, .replica = !fresh});
+}
+
+static char *own_name(cstate *C, char *s)
+{
+    tps_layout *L = C->L;
+    if (!s) return NULL;
+    char **n = realloc(L->names, (L->nnames + 1) * sizeof *n);
+    if (!n) {
+        free(s);
+        return NULL;
+    }
+    L->names = n;
+    L->names[L->nnames++] = s;
+    return s;
+}
+
+/* torch.chunk (exact 0) or an even split that must divide (exact 1): rank
+ * r's [lo, lo + len) of n. Returns 0 when an exact split does not divide. */
+static int split_range(uint64_t n, int tp, int r, int exact, uint64_t *lo, uint64_t *len)
+{
+    if (exact) {
+        if (n % (uint64_t)tp) return 0;
+        *len = n / (uint64_t)tp;
+        *lo = (uint64_t)r * *len;
+        return 1;
+    }
+    tps_chunk(n, tp, r, lo, len);
+    return 1;
+}
+
+/* "1, 2, 4, 8" of the tp values up to 64 for which ok(n, tp) holds. */
+static void works_list(char *buf, size_t len, uint64_t n, uint64_t n2,
+                       int (*ok)(uint64_t, uint64_t, int))
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int k = 1; k <= 64 && o < len; k++)
+        if (ok(n, n2, k)) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", k);
+    if (!o) snprintf(buf, len, "none up to 64");
+}
+static int ok_divides(uint64_t n, uint64_t unused, int tp)
+{
+    (void)unused;
+    return n % (uint64_t)tp == 0;
+}
+static int ok_heads_rep(uint64_t n, uint64_t unused, int tp)
+{
+    (void)unused;
+    return n % (uint64_t)tp == 0 || (n < (uint64_t)tp && (uint64_t)tp % n == 0);
+}
+static int ok_vocab(uint64_t v, uint64_t pad, int tp)
+{
+    uint64_t p = pad ? (v + pad - 1) / pad * pad : v;
+    return p % (uint64_t)tp == 0;
+}
+
+/* A config count (top level or text_config), or 0 when absent or not one. */
+static uint64_t config_count(const cJSON *config, const char *field, int *present)
+{
+    const cJSON *v = tps_config_get(config, field);
+    *present = v != NULL;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble > 9007199254740992.0)
+        return 0;
+    return (uint64_t)v->valuedouble;
+}
+
+static int module_of(const char *name, size_t *mlen)
+{
+    const char *dot = strrchr(name, '.');
+    if (!dot || dot == name) return 0;
+    *mlen = (size_t)(dot - name);
+    return 1;
+}
+
+static int matches_any(char **pats, size_t n, const char *name)
+{
+    size_t ml;
+    if (!module_of(name, &ml)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tps_module_match(pats[i], name, ml)) return 1;
+    return 0;
+}
+
+/* The split a serving layout gives a source tensor. */
+static tps_split_kind spec_split(const tps_layout *L, size_t i)
+{
+    const tps_lspec *s = L->spec;
+    const tps_ctensor *t = &L->ck->t[i];
+    size_t ml;
+    if (module_of(t->name, &ml))
+        for (size_t k = 0; k < s->nrules; k++) {
+            const tps_lrule *r = &s->rules[k];
+            for (size_t j = 0; j < r->npat; j++) {
+                if (!tps_module_match(r->patterns[j], t->name, ml)) continue;
+                if (r->when && !tps_cond_eval(r->when, L->ck->config)) break;
+                return r->split;
+            }
+        }
+    const char *param = param_of(t->name);
+    if (!strcmp(param, "weight") && matches_any(s->vocab, s->nvocab, t->name)) return TPS_SPLIT_VOCAB;
+    switch (L->p[i].style) {
+    case TPS_STYLE_COLWISE:
+        return L->p[i].dim == 0 ? TPS_SPLIT_ROWS : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_ROWWISE:
+        return L->p[i].dim == 1 ? TPS_SPLIT_COLUMNS : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_EMBED_ROWWISE:
+        return L->p[i].dim == 0 ? TPS_SPLIT_VOCAB : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_EMBED_COLWISE:
+        return L->p[i].dim == 1 ? TPS_SPLIT_COLUMNS : TPS_SPLIT_REPLICATE;
+    default: return TPS_SPLIT_REPLICATE;
+    }
+}
+
+/* Places source tensor i, whole or along dim d, under name on every rank:
+ * d -1 replicated; exact/chunk splits; vocab: padded rows of zeros. */
+static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kind k,
+                            const char *rule)
+{
+    tps_layout *L = C->L;
+    const tps_ctensor *t = &C->ck->t[i];
+    int exact = L->spec ? L->spec->exact : 0;
+    int d = k == TPS_SPLIT_ROWS || k == TPS_SPLIT_VOCAB ? 0 : k == TPS_SPLIT_COLUMNS ? 1 : -1;
+    if (d >= t->ndim) {
+        if (L->spec)
+            refuse(C, "%s: tensor '%s' is %d-D, but layout %s splits it along dim %d", C->ck->path,
+                   t->name, t->ndim, L->spec->name, d);
+        else
+            return tps_fail(C->ctx, TPS_E_SHAPE, "%s: tensor '%s' is %d-D but is split along dim %d",
+                            C->ck->path, t->name, t->ndim, d);
+        return TPS_OK;
+    }
+    uint64_t n = d >= 0 ? t->shape[d] : 0, per = 0, pad = L->spec ? L->spec->vocab_pad : 0;
+    char works[300];
+    if (k == TPS_SPLIT_VOCAB && L->spec) {
+        uint64_t padded = pad ? (n + pad - 1) / pad * pad : n;
+        if (exact && padded % (uint64_t)C->tp) {
+            works_list(works, sizeof works, n, pad, ok_vocab);
+            refuse(C, "tensor '%s': the vocabulary of %llu rows, padded to a multiple of %llu "
+                      "(%llu), does not divide by tp %d (layout %s; tp values that work: %s)",
+                   t->name, (unsigned long long)n, (unsigned long long)pad,
+                   (unsigned long long)padded, C->tp, L->spec->name, works);
+            return TPS_OK;
+        }
+        per = exact ? padded / (uint64_t)C->tp : 0;
+    } else if (d >= 0 && exact && n % (uint64_t)C->tp) {
+        works_list(works, sizeof works, n, 0, ok_divides);
+        refuse(C, "tensor '%s': dim %d of %llu does not divide by tp %d (layout %s splits it "
+                  "evenly; tp values that work: %s)",
+               t->name, d, (unsigned long long)n, C->tp, L->spec->name, works);
+        return TPS_OK;
+    }
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
+        memcpy(shape, t->shape, sizeof shape);
+        tps_rtensor *rt;
+        if (d < 0) {
+            TPS_TRY(new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
+            TPS_TRY(src_piece(C, rt, i, -1, 0, 0, 0));
+            continue;
+        }
+        if (per) { /* padded vocabulary: real rows, then zeros */
+            lo = (uint64_t)r * per < n ? (uint64_t)r * per : n;
+            len = (uint64_t)(r + 1) * per < n ? (uint64_t)(r + 1) * per - lo : n - lo;
+            shape[0] = per;
+        } else {
+            split_range(n, C->tp, r, exact, &lo, &len);
+            shape[d] = len;
+        }
+        TPS_TRY(new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
+        uint64_t rowb = inner_bits(t, d) / 8;
+        if (len || !per) TPS_TRY(src_piece(C, rt, i, d, lo, lo + len, 0));
+        if (per > len)
+            TPS_TRY(add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = len * rowb,
+                                                  .nbytes = (per - len) * rowb}));
+    }
+    return TPS_OK;
+}
+
+/* One fused group: parent.<part>.<param> for every part, written as
+ * parent.<into>.<param>. idx[j] is part j's source tensor. */
+static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, const char *param,
+                           const size_t *idx)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const tps_ctensor *t0 = &ck->t[idx[0]];
+    char works[300];
+    uint64_t unit[16], heads[16];
+    for (size_t j = 0; j < f->nparts; j++) {
+        const tps_ctensor *t = &ck->t[idx[j]];
+        const tps_lpart *p = &f->parts[j];
+        int same = t->dtype == t0->dtype && t->ndim == t0->ndim && t->ndim >= 1;
+        for (int d = 1; same && d < t->ndim; d++) same = t->shape[d] == t0->shape[d];
+        if (!same) {
+            refuse(C, "layout %s fuses %s.{...}.%s into %s.%s.%s, but '%s' (%s, %d-D) does not "
+                      "match '%s' (%s, %d-D) in dtype or in its dims after the first",
+                   L->spec->name, parent, param, parent, f->into, param, t->name,
+                   tps_dtype_name(t->dtype), t->ndim, t0->name, tps_dtype_name(t0->dtype), t0->ndim);
+            return TPS_OK;
+        }
+        if (spec_split(L, idx[j]) != TPS_SPLIT_ROWS) {
+            refuse(C, "layout %s fuses '%s' into %s.%s, but the plan does not split it by rows "
+                      "(style %s)",
+                   L->spec->name, t->name, parent, f->into, tps_style_name(L->p[idx[j]].style));
+            return TPS_OK;
+        }
+        uint64_t rows = t->shape[0];
+        if (p->heads) {
+            int present;
+            uint64_t h = config_count(ck->config, p->heads, &present);
+            if (!ck->config || !h) {
+                refuse(C, "layout %s splits '%s' on whole heads, but config.json %s %s", L->spec->name,
+                       t->name, present ? "has no usable count in" : "lacks", p->heads);
+                return TPS_OK;
+            }
+            if (rows % h) {
+                refuse(C, "tensor '%s' has %llu rows, not a whole number of its %llu heads (%s)",
+                       t->name, (unsigned long long)rows, (unsigned long long)h, p->heads);
+                return TPS_OK;
+            }
+            int ok = h % (uint64_t)C->tp == 0 ||
+                     (p->replicate && h < (uint64_t)C->tp && (uint64_t)C->tp % h == 0);
+            if (!ok) {
+                works_list(works, sizeof works, h, 0, p->replicate ? ok_heads_rep : ok_divides);
+                if (p->replicate)
+                    refuse(C, "%s = %llu: tp %d neither divides it nor is a multiple of it (layout "
+                              "%s splits '%s' into whole heads, each on tp / %s ranks when there "
+                              "are fewer than ranks; tp values that work: %s)",
+                           p->heads, (unsigned long long)h, C->tp, L->spec->name, t->name, p->heads,
+                           works);
+                else
+                    refuse(C, "%s = %llu is not divisible by tp %d (layout %s splits '%s' into "
+                              "whole heads; tp values that work: %s)",
+                           p->heads, (unsigned long long)h, C->tp, L->spec->name, t->name, works);
+                return TPS_OK;
+            }
+            heads[j] = h;
+            unit[j] = rows / h;
+        } else {
+            if (L->spec->exact && rows % (uint64_t)C->tp) {
+                works_list(works, sizeof works, rows, 0, ok_divides);
+                refuse(C, "tensor '%s': %llu rows do not divide by tp %d (layout %s splits them "
+                          "evenly; tp values that work: %s)",
+                       t->name, (unsigned long long)rows, C->tp, L->spec->name, works);
+                return TPS_OK;
+            }
+            heads[j] = 0;
+            unit[j] = 0;
+        }
+    }
+    char *name = own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, param));
+    if (!name) return nomem(C);
+    uint64_t rowb = inner_bits(t0, 0) / 8;
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t lo[16], len[16], total = 0;
+        for (size_t j = 0; j < f->nparts; j++) {
+            uint64_t rows = ck->t[idx[j]].shape[0];
+            if (heads[j] && heads[j] % (uint64_t)C->tp == 0) {
+                len[j] = rows / (uint64_t)C->tp;
+                lo[j] = (uint64_t)r * len[j];
+            } else if (heads[j]) { /* fewer heads than ranks: head r / (tp / heads), whole */
+                uint64_t rep = (uint64_t)C->tp / heads[j];
+                lo[j] = (uint64_t)r / rep * unit[j];
+                len[j] = unit[j];
+            } else {
+                split_range(rows, C->tp, r, L->spec->exact, &lo[j], &len[j]);
+            }
+            total += len[j];
+        }
+        uint64_t shape[TPS_MAX_DIMS];
+        memcpy(shape, t0->shape, sizeof shape);
+        shape[0] = total;
+        tps_rtensor *rt;
+        TPS_TRY(new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));
+        uint64_t at = 0;
+        for (size_t j = 0; j < f->nparts; j++) {
+            TPS_TRY(src_piece(C, rt, idx[j], 0, lo[j], lo[j] + len[j], at));
+            at += len[j] * rowb;
+        }
+    }
+    /* The engine's own entries beside the fused module (once, with the weight). */
+    if (strcmp(param, "weight")) return TPS_OK;
+    for (size_t e = 0; e < f->nextra; e++) {
+        const tps_lextra *x = &f->extra[e];
+        char *xn = own_name(C, tps_asprintf("%s.%s", parent, x->name));
+        if (!xn) return nomem(C);
+        for (int r = 0; r < C->tp; r++) {
+            tps_rtensor *rt;
+            TPS_TRY(new_rt(C, xn, r, x->dtype, 0, t0->shape, NULL, &rt));
+            rt->rule = "extra";
+            TPS_TRY(add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST, .at = 0,
+                                                  .nbytes = rt->nbytes, .value = x->value}));
+        }
+    }
+    return TPS_OK;
+}
+
+/* Finds fused groups: for each tensor that is the first part of a fusion,
+ * its siblings. */
+static tps_err compile_fused(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    const tps_ckpt *ck = C->ck;
+    for (size_t fi = 0; fi < s->nfuse; fi++) {
+        const tps_lfuse *f = &s->fuse[fi];
+        for (size_t i = 0; i < ck->n; i++) {
+            const char *nm = ck->t[i].name;
+            size_t ml;
+            if (C->used[i] || !module_of(nm, &ml)) continue;
+            const char *param = nm + ml + 1;
+            /* parent.<part>.param for each part: is nm one of them? */
+            size_t which = f->nparts;
+            size_t pl = 0;
+            for (size_t j = 0; j < f->nparts && which == f->nparts; j++) {
+                size_t lp = strlen(f->parts[j].module);
+                if (ml > lp && nm[ml - lp - 1] == '.' && !memcmp(nm + ml - lp, f->parts[j].module, lp)) {
+                    which = j;
+                    pl = ml - lp - 1;
+                }
+            }
+            if (which == f->nparts) continue;
+            char *parent = tps_xmalloc(pl + 1);
+            if (!parent) return nomem(C);
+            memcpy(parent, nm, pl);
+            parent[pl] = 0;
+            size_t idx[16] = {0};
+            char missing[256] = "";
+            for (size_t j = 0; j < f->nparts; j++) {
+                char *want = tps_asprintf("%s.%s.%s", parent, f->parts[j].module, param);
+                int k = want ? tps_ckpt_find(ck, want) : -1;
+                if (!want) {
+                    free(parent);
+                    return nomem(C);
+                }
+                if (k < 0 && !missing[0]) snprintf(missing, sizeof missing, "%s", want);
+                idx[j] = k < 0 ? 0 : (size_t)k;
+                free(want);
+            }
+            if (missing[0]) {
+                refuse(C, "layout %s fuses %s.{", s->name, parent);
+                size_t o = strlen(C->why);
+                for (size_t j = 0; j < f->nparts && o < sizeof C->why; j++)
+                    o += (size_t)snprintf(C->why + o, sizeof C->why - o, "%s%s", j ? "," : "",
+                                          f->parts[j].module);
+                if (o < sizeof C->why)
+                    snprintf(C->why + o, sizeof C->why - o,
+                             "}.%s into %s.%s.%s, but the checkpoint lacks '%s'", param, parent,
+                             f->into, param, missing);
+                free(parent);
+                return TPS_OK;
+            }
+            tps_err rc = place_fused(C, f, parent, param, idx);
+            free(parent);
+            TPS_TRY(rc);
+            if (C->why[0]) return TPS_OK;
+        }
+    }
+    return TPS_OK;
+}
+
+static int spec_serves(const tps_lspec *s, const cJSON *config)
+{
+    if (!s->narch && !s->nmt) return 1;
+    const cJSON *a = tps_config_get(config, "architectures");
+    for (const cJSON *x = cJSON_IsArray(a) ? a->child : NULL; x; x = x->next)
+        for (size_t i = 0; i < s->narch; i++)
+            if (cJSON_IsString(x) && !strcmp(x->valuestring, s->architectures[i])) return 1;
+    const cJSON *mt = tps_config_get(config, "model_type");
+    for (size_t i = 0; i < s->nmt; i++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, s->model_types[i])) return 1;
+    return 0;
+}
+
+static int rt_cmp(const void *a, const void *b)
+{
+    const tps_rtensor *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return strcmp(x->name, y->name);
+}
+
+/* Index of the source tensor whose module path is exactly `module` and
+ * parameter `weight`, or -1. */
+static int find_weight(const tps_ckpt *ck, const char *module)
+{
+    char *n = tps_asprintf("%s.weight", module);
+    int k = n ? tps_ckpt_find(ck, n) : -1;
+    free(n);
+    return k;
+}
+
+/* tie_word_embeddings: 1 true, 0 false, -1 not said. */
+static int tied_flag(const cJSON *config)
+{
+    const cJSON *v = tps_config_get(config, "tie_word_embeddings");
+    if (cJSON_IsBool(v)) return cJSON_IsTrue(v);
+    return -1;
+}
+
+static tps_err finish(cstate *C)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    /* Rank tensors sorted by rank, then name; pieces stay where they are
+     * (each tensor keeps its piece0/npieces). */
+    qsort(L->rt, L->nrt, sizeof *L->rt, rt_cmp);
+    L->rank_rt = tps_xcalloc((size_t)C->tp + 1, sizeof *L->rank_rt);
+    if (!L->rank_rt) return nomem(C);
+    for (size_t k = 0; k < L->nrt; k++) L->rank_rt[L->rt[k].rank + 1]++;
+    for (int r = 0; r < C->tp; r++) L->rank_rt[r + 1] += L->rank_rt[r];
+    for (int r = 0; r < C->tp; r++)
+        for (size_t k = L->rank_rt[r] + 1; k < L->rank_rt[r + 1]; k++)
+            if (!strcmp(L->rt[k].name, L->rt[k - 1].name))
+                return tps_fail(C->ctx, TPS_E_SHAPE,
+                                "%s: layout %s makes two tensors named '%s' on rank %d",
+                                ck->path, tps_layout_spec_name(L->spec), L->rt[k].name, r);
+    for (size_t k = 0; k < L->nrt; k++) {
+        tps_rtensor *rt = &L->rt[k];
+        const tps_lpiece *p = &L->pieces[rt->piece0];
+        rt->simple = rt->npieces == 1 && p->kind == TPS_PK_SRC && p->nbytes == rt->nbytes &&
+                     !strcmp(rt->name, ck->t[L->regions[p->region].src].name);
+    }
+    /* Each source tensor's pieces, by rank then position. */
+    L->src_piece0 = tps_xcalloc(ck->n + 1, sizeof *L->src_piece0);
+    L->src_pieces = tps_xcalloc(L->npieces ? L->npieces : 1, sizeof *L->src_pieces);
+    if (!L->src_piece0 || !L->src_pieces) return nomem(C);
+    for (size_t k = 0; k < L->nrt; k++)
+        for (size_t j = 0; j < L->rt[k].npieces; j++) {
+            const tps_lpiece *p = &L->pieces[L->rt[k].piece0 + j];
+            if (p->kind == TPS_PK_SRC) L->src_piece0[L->regions[p->region].src + 1]++;
+        }
+    for (size_t i = 0; i < ck->n; i++) L->src_piece0[i + 1] += L->src_piece0[i];
+    size_t *fill = tps_xcalloc(ck->n ? ck->n : 1, sizeof *fill);
+    if (!fill) return nomem(C);
+    for (size_t k = 0; k < L->nrt; k++)
+        for (size_t j = 0; j < L->rt[k].npieces; j++) {
+            size_t pi = L->rt[k].piece0 + j;
+            const tps_lpiece *p = &L->pieces[pi];
+            if (p->kind != TPS_PK_SRC) continue;
+            size_t s = L->regions[p->region].src;
+            L->src_pieces[L->src_piece0[s] + fill[s]++] = pi;
+        }
+    free(fill);
+    for (size_t i = 0; i < ck->n; i++)
+        if (L->src_piece0[i] == L->src_piece0[i + 1])
+            return tps_fail(C->ctx, TPS_E_SHAPE,
+                            "%s: layout %s places no byte of tensor '%s' (every source byte must "
+                            "land in some rank file)",
+                            ck->path, tps_layout_spec_name(L->spec), ck->t[i].name);
+    return TPS_OK;
+}
+
+static tps_err add_check(cstate *C, const char *name, int ok, const char *detail)
+{
+    tps_layout *L = C->L;
+    tps_check_outcome *n = realloc(L->checks, (L->nchecks + 1) * sizeof *n);
+    if (!n) return nomem(C);
+    L->checks = n;
+    tps_check_outcome *o = &L->checks[L->nchecks++];
+    o->name = tps_strdup(name);
+    o->detail = tps_strdup(detail);
+    o->ok = ok;
+    return o->name && o->detail ? TPS_OK : nomem(C);
+}
+
+tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
+{
+    const tps_ckpt *ck = L->ck;
+    const tps_lspec *s = L->spec;
+    cstate C = {.ctx = ctx, .L = L, .ck = ck, .tp = L->tp};
+    tps_err rc = TPS_OK;
+    C.used = tps_xcalloc(ck->n ? ck->n : 1, 1);
+    if (!C.used) return nomem(&C);
+    if (L->rejected) goto out; /* the plan said no: nothing to lay out */
+    if (s) {
+        char detail[512];
+        if (!spec_serves(s, ck->config)) {
+            const cJSON *a = tps_config_get(ck->config, "architectures");
+            char *as = a ? cJSON_PrintUnformatted(a) : NULL;
+            size_t o = (size_t)snprintf(detail, sizeof detail, "layout %s covers ", s->name);
+            for (size_t i = 0; i < s->narch && o < sizeof detail; i++)
+                o += (size_t)snprintf(detail + o, sizeof detail - o, "%s%s", i ? ", " : "",
+                                      s->architectures[i]);
+            if (o < sizeof detail)
+                snprintf(detail + o, sizeof detail - o, "; this checkpoint's architectures are %s",
+                         as ? as : ck->config ? "not given" : "unknown (no config.json)");
+            free(as);
+            TPS_CHECK(add_check(&C, "architecture served", 0, detail));
+            refuse(&C, "%s", detail);
+            goto out;
+        }
+        TPS_CHECK(add_check(&C, "architecture served", 1, "yes"));
+    }
+    /* The tied head: a checkpoint without one writes it from the embedding. */
+    int head = -1, emb = -1;
+    if (s && s->tied_head && s->tied_embedding) {
+        head = find_weight(ck, s->tied_head);
+        emb = find_weight(ck, s->tied_embedding);
+        int flag = tied_flag(ck->config);
+        if (head < 0 && emb >= 0 && flag == 0) {
+            refuse(&C, "config.json says tie_word_embeddings is false, but the checkpoint has no "
+                       "%s.weight (layout %s would have no head to write)",
+                   s->tied_head, s->name);
+            goto out;
+        }
+        if (head >= 0 && emb >= 0 && flag == 1) {
+            refuse(&C, "config.json ties %s to %s (tie_word_embeddings: true) but the checkpoint "
+                       "stores both; the engine keeps one parameter: remove %s.weight or set "
+                       "tie_word_embeddings to false",
+                   s->tied_head, s->tied_embedding, s->tied_head);
+            goto out;
+        }
+        if (head < 0 && emb >= 0) {
+            char d[256];
+            snprintf(d, sizeof d, "%s.weight is written from %s.weight, which it is tied to",
+                     s->tied_head, s->tied_embedding);
+            TPS_CHECK(add_check(&C, "tied head", 1, d));
+        } else {
+            emb = -1; /* untied: both are ordinary tensors */
+        }
+    }
+    if (s) {
+        TPS_CHECK(compile_fused(&C));
+        if (C.why[0]) goto out;
+    }
+    for (size_t i = 0; i < ck->n && !C.why[0]; i++) {
+        if (C.used[i]) continue;
+        const tps_ctensor *t = &ck->t[i];
+        if (!s) {
+            int d = L->p[i].dim;
+            TPS_CHECK(place_simple(&C, i, t->name,
+                                   d < 0 ? TPS_SPLIT_REPLICATE : d == 0 ? TPS_SPLIT_ROWS
+                                                                         : TPS_SPLIT_COLUMNS,
+                                   L->p[i].rule));
+            continue;
+        }
+        const char *name = t->name;
+        if ((int)i == emb) {
+            name = own_name(&C, tps_asprintf("%s.weight", s->tied_head));
+            if (!name) {
+                rc = nomem(&C);
+                goto out;
+            }
+        }
+        TPS_CHECK(place_simple(&C, i, name, spec_split(L, i), L->p[i].rule));
+    }
+    if (s && !C.why[0]) {
+        /* the engine's own acceptance rules, shown by plan */
+        for (size_t fi = 0; fi < s->nfuse; fi++)
+            for (size_t j = 0; j < s->fuse[fi].nparts; j++) {
+                const tps_lpart *p = &s->fuse[fi].parts[j];
+                int present, dup = 0;
+                if (!p->heads) continue;
+                for (size_t a = 0; a < fi && !dup; a++)
+                    for (size_t b = 0; b < s->fuse[a].nparts; b++)
+                        dup |= s->fuse[a].parts[b].heads && !strcmp(s->fuse[a].parts[b].heads, p->heads);
+                for (size_t b = 0; b < j; b++)
+                    dup |= s->fuse[fi].parts[b].heads && !strcmp(s->fuse[fi].parts[b].heads, p->heads);
+                if (dup) continue;
+                uint64_t h = config_count(ck->config, p->heads, &present);
+                if (!h) continue;
+                char nm[128], d[256];
+                snprintf(nm, sizeof nm, p->replicate ? "%s %% tp == 0 or tp %% %s == 0" : "%s %% tp == 0",
+                         p->heads, p->heads);
+                if (h % (uint64_t)L->tp == 0)
+                    snprintf(d, sizeof d, "%s = %llu: %llu per rank at tp %d", p->heads,
+                             (unsigned long long)h, (unsigned long long)(h / (uint64_t)L->tp), L->tp);
+                else
+                    snprintf(d, sizeof d, "%s = %llu: each of them whole on %llu ranks at tp %d",
+                             p->heads, (unsigned long long)h,
+                             (unsigned long long)((uint64_t)L->tp / h), L->tp);
+                TPS_CHECK(add_check(&C, nm, 1, d));
+            }
+        TPS_CHECK(add_check(&C, s->exact ? "every split divides evenly" : "splits follow torch.chunk", 1,
+                            s->exact ? "yes" : "uneven shards allowed"));
+    }
+out:
+    if (!rc && C.why[0]) {
+        if (s && !L->nchecks) add_check(&C, "layout rules", 0, C.why);
+        else if (s) add_check(&C, "layout rules", 0, C.why);
+        free(L->rejected);
+        L->rejected = tps_strdup(C.why);
+        if (!L->rejected) rc = nomem(&C);
+    }
+    if (!rc && !L->rejected) rc = finish(&C);
+    free(C.used);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ views */
 
 int tps_layout_tp(const tps_layout *L) { return L->tp; }
 size_t tps_layout_count(const tps_layout *L) { return L->n; }
@@ -119,22 +950,24 @@ void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, 
     tps_chunk(t->shape[L->p[i].dim], L->tp, rank, start, len);
 }
 
-/* Bytes of tensor i on rank r. */
+/* Bytes of tensor i on rank r: its pieces there (the DTensor shard, or what
+ * a serving layout puts on r, replicas included). */
 uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank)
 {
-    const tps_ctensor *t = &L->ck->t[L->p[i].t];
-    int d = L->p[i].dim;
-    if (d < 0) return t->nbytes;
-    uint64_t s, l, bits = tps_dtype_bits(t->dtype);
-    tps_chunk(t->shape[d], L->tp, rank, &s, &l);
-    for (int k = 0; k < t->ndim; k++) bits *= k == d ? l : t->shape[k];
-    return bits / 8;
+    if (!L->src_piece0) return 0;
+    uint64_t b = 0;
+    for (size_t k = L->src_piece0[i]; k < L->src_piece0[i + 1]; k++) {
+        const tps_lpiece *p = &L->pieces[L->src_pieces[k]];
+        if (p->rank == rank) b += p->nbytes;
+    }
+    return b;
 }
 
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank)
 {
     uint64_t s = 0;
-    for (size_t i = 0; i < L->n; i++) s += tps_layout_local_bytes(L, i, rank);
+    if (!L->rank_rt) return 0;
+    for (size_t k = L->rank_rt[rank]; k < L->rank_rt[rank + 1]; k++) s += L->rt[k].nbytes;
     return s;
 }
 
@@ -148,3 +981,48 @@ void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v)
 }
 
 const char *tps_layout_rejected(const tps_layout *L) { return L->rejected; }
+
+const char *tps_layout_name(const tps_layout *L) { return tps_layout_spec_name(L->spec); }
+
+const char *tps_layout_target(const tps_layout *L) { return L->spec ? L->spec->target : NULL; }
+
+size_t tps_layout_rank_tensor_count(const tps_layout *L, int rank)
+{
+    if (!L->rank_rt || rank < 0 || rank >= L->tp) return 0;
+    return L->rank_rt[rank + 1] - L->rank_rt[rank];
+}
+
+void tps_layout_rank_tensor(const tps_layout *L, int rank, size_t i, tps_rank_tensor_view *v)
+{
+    const tps_rtensor *rt = &L->rt[L->rank_rt[rank] + i];
+    v->name = rt->name;
+    v->dtype = rt->dtype;
+    v->ndim = rt->ndim;
+    v->shape = rt->shape;
+    v->nbytes = rt->nbytes;
+    v->npieces = rt->npieces;
+    v->rule = rt->rule;
+}
+
+void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tps_piece_view *v)
+{
+    const tps_rtensor *rt = &L->rt[L->rank_rt[rank] + i];
+    const tps_lpiece *p = &L->pieces[rt->piece0 + k];
+    memset(v, 0, sizeof *v);
+    v->at = p->at;
+    v->nbytes = p->nbytes;
+    switch (p->kind) {
+    case TPS_PK_SRC: {
+        const tps_region *g = &L->regions[p->region];
+        v->kind = "source";
+        v->source = L->ck->t[g->src].name;
+        v->dim = g->dim;
+        v->lo = g->lo;
+        v->hi = g->hi;
+        v->replica = p->replica;
+        break;
+    }
+    case TPS_PK_ZERO: v->kind = "zeros"; v->dim = -1; break;
+    case TPS_PK_CONST: v->kind = "constant"; v->dim = -1; v->value = p->value; break;
+    }
+}

@@ -1080,3 +1080,259 @@ out:
     tps_check_outcomes_free(o, o ? k + 1 : 0);
     return rc;
 }
+
+/* ------------------------------------------------------------------ layout files */
+
+int tps_module_match(const char *pattern, const char *module, size_t mlen)
+{
+    return path_match(pattern, module, mlen);
+}
+
+#define LSPEC_MAX_FUSE 256
+#define LSPEC_MAX_PARTS 16
+
+static const struct {
+    const char *name;
+    tps_split_kind split;
+} split_names[] = {
+    {"replicate", TPS_SPLIT_REPLICATE},
+    {"rows", TPS_SPLIT_ROWS},
+    {"columns", TPS_SPLIT_COLUMNS},
+    {"vocab", TPS_SPLIT_VOCAB},
+};
+#define SPLITS_KNOWN "replicate, rows, columns, vocab"
+
+/* A leaf module name: one component, no pattern characters. */
+static tps_err check_leaf(const pctx *pc, const ynode *it)
+{
+    const char *s = it->s;
+    if (!s[0] || strchr(s, '.') || has_glob(s, strlen(s)))
+        return perr(pc, it->line, "'%.*s' must be one module name (no '.', no pattern)", shown(s),
+                    s);
+    return TPS_OK;
+}
+
+static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
+{
+    static const char *const known[] = {"match", "split", "when"};
+    const ynode *v[3];
+    TPS_TRY(map_fields(pc, m, "override", known, 3, v));
+    r->line = m->line;
+    if (!v[0] || !v[1]) return perr(pc, m->line, "an override needs 'match' and 'split'");
+    TPS_TRY(get_str_list(pc, v[0], "match", check_pattern, &r->patterns, &r->npat));
+    if (!r->npat) return perr(pc, v[0]->line, "'match' is an empty list");
+    size_t k;
+    for (k = 0; k < sizeof split_names / sizeof split_names[0]; k++)
+        if (v[1]->type == YN_SCALAR && !strcmp(v[1]->s, split_names[k].name)) break;
+    if (k == sizeof split_names / sizeof split_names[0])
+        return perr(pc, v[1]->line, "unknown split '%.*s' (known: " SPLITS_KNOWN ")",
+                    v[1]->type == YN_SCALAR ? shown(v[1]->s) : 1,
+                    v[1]->type == YN_SCALAR ? v[1]->s : "?");
+    r->split = split_names[k].split;
+    if (v[2]) {
+        r->when = tps_xcalloc(1, sizeof *r->when);
+        if (!r->when) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[2], "when", r->when));
+    }
+    return TPS_OK;
+}
+
+static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
+{
+    static const char *const known[] = {"into", "parts", "extra"};
+    static const char *const pknown[] = {"module", "heads", "replicate"};
+    static const char *const eknown[] = {"name", "dtype", "value"};
+    const ynode *v[3];
+    TPS_TRY(map_fields(pc, m, "fuse entry", known, 3, v));
+    f->line = m->line;
+    if (!v[0] || !v[1]) return perr(pc, m->line, "a fuse entry needs 'into' and 'parts'");
+    TPS_TRY(get_str(pc, v[0], "into", &f->into));
+    TPS_TRY(check_leaf(pc, v[0]));
+    if (v[1]->type != YN_SEQ || v[1]->n < 2 || v[1]->n > LSPEC_MAX_PARTS)
+        return perr(pc, v[1]->line, "'parts' must be a list of 2 to %d parts", LSPEC_MAX_PARTS);
+    f->parts = tps_xcalloc(v[1]->n, sizeof *f->parts);
+    if (!f->parts) return nomem(pc->ctx);
+    for (size_t i = 0; i < v[1]->n; i++) {
+        const ynode *pv[3];
+        tps_lpart *p = &f->parts[f->nparts++];
+        TPS_TRY(map_fields(pc, v[1]->kid[i], "part", pknown, 3, pv));
+        if (!pv[0]) return perr(pc, v[1]->kid[i]->line, "a part needs 'module'");
+        TPS_TRY(get_str(pc, pv[0], "module", &p->module));
+        TPS_TRY(check_leaf(pc, pv[0]));
+        if (pv[1]) TPS_TRY(get_str(pc, pv[1], "heads", &p->heads));
+        if (pv[2]) TPS_TRY(get_bool(pc, pv[2], "replicate", &p->replicate));
+        if (p->replicate && !p->heads)
+            return perr(pc, pv[2]->line, "'replicate' replicates whole heads: it needs 'heads'");
+        for (size_t j = 0; j + 1 < f->nparts; j++)
+            if (!strcmp(f->parts[j].module, p->module))
+                return perr(pc, pv[0]->line, "part '%s' is listed twice", p->module);
+    }
+    if (v[2] && !y_is_null(v[2])) {
+        if (v[2]->type != YN_SEQ || v[2]->n > 64)
+            return perr(pc, v[2]->line, "'extra' must be a list of at most 64 tensors");
+        f->extra = tps_xcalloc(v[2]->n ? v[2]->n : 1, sizeof *f->extra);
+        if (!f->extra) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[2]->n; i++) {
+            const ynode *ev[3];
+            tps_lextra *e = &f->extra[f->nextra++];
+            TPS_TRY(map_fields(pc, v[2]->kid[i], "extra tensor", eknown, 3, ev));
+            if (!ev[0] || !ev[1] || !ev[2])
+                return perr(pc, v[2]->kid[i]->line, "an extra tensor needs name, dtype and value");
+            TPS_TRY(get_str(pc, ev[0], "name", &e->name));
+            TPS_TRY(check_pattern(pc, ev[0]));
+            if (has_glob(e->name, strlen(e->name)))
+                return perr(pc, ev[0]->line, "extra tensor name '%.*s' is a pattern",
+                            shown(e->name), e->name);
+            if (ev[1]->type != YN_SCALAR || tps_dtype_from_name(ev[1]->s, &e->dtype) ||
+                (e->dtype != TPS_F32 && e->dtype != TPS_F16 && e->dtype != TPS_BF16))
+                return perr(pc, ev[1]->line, "extra tensor dtype must be F32, F16 or BF16");
+            if (y_number(ev[2], &e->value))
+                return perr(pc, ev[2]->line, "extra tensor value must be a number");
+        }
+    }
+    return TPS_OK;
+}
+
+static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
+{
+    static const char *const known[] = {"name",  "target", "description", "serves", "split",
+                                        "vocab_padding", "vocab", "tied", "overrides", "fuse"};
+    static const char *const sknown[] = {"architectures", "model_types"};
+    static const char *const tknown[] = {"head", "embedding"};
+    enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE, K_N };
+    const ynode *v[K_N], *sv[2], *tv[2];
+    if (root->type != YN_MAP)
+        return perr(pc, root->line, "a layout must be a mapping with 'name' and 'target', not %s",
+                    y_kind(root));
+    TPS_TRY(map_fields(pc, root, "the layout", known, K_N, v));
+    if (!v[K_NAME]) return perr(pc, root->line, "layout without 'name'");
+    if (!v[K_TARGET])
+        return perr(pc, root->line, "layout without 'target' (the engine and version it writes for)");
+    TPS_TRY(get_str(pc, v[K_NAME], "name", &s->name));
+    TPS_TRY(check_plan_name(pc, v[K_NAME]));
+    if (!strcmp(s->name, "dtensor"))
+        return perr(pc, v[K_NAME]->line, "'dtensor' is the plan's own layout: choose another name");
+    TPS_TRY(get_str(pc, v[K_TARGET], "target", &s->target));
+    if (v[K_DESC]) TPS_TRY(get_str(pc, v[K_DESC], "description", &s->description));
+    if (v[K_SERVES]) {
+        TPS_TRY(map_fields(pc, v[K_SERVES], "serves", sknown, 2, sv));
+        if (sv[0]) TPS_TRY(get_str_list(pc, sv[0], "architectures", NULL, &s->architectures, &s->narch));
+        if (sv[1]) TPS_TRY(get_str_list(pc, sv[1], "model_types", NULL, &s->model_types, &s->nmt));
+    }
+    s->exact = 1;
+    if (v[K_SPLIT]) {
+        if (v[K_SPLIT]->type == YN_SCALAR && !strcmp(v[K_SPLIT]->s, "exact")) s->exact = 1;
+        else if (v[K_SPLIT]->type == YN_SCALAR && !strcmp(v[K_SPLIT]->s, "chunk")) s->exact = 0;
+        else return perr(pc, v[K_SPLIT]->line, "'split' is exact or chunk");
+    }
+    if (v[K_PAD]) {
+        double d;
+        if (y_number(v[K_PAD], &d) || d < 1 || d > 1048576 || d != floor(d))
+            return perr(pc, v[K_PAD]->line, "'vocab_padding' must be a whole number from 1 to 1048576");
+        s->vocab_pad = (uint64_t)d;
+    }
+    if (v[K_VOCAB]) TPS_TRY(get_str_list(pc, v[K_VOCAB], "vocab", check_pattern, &s->vocab, &s->nvocab));
+    if (v[K_TIED]) {
+        TPS_TRY(map_fields(pc, v[K_TIED], "tied", tknown, 2, tv));
+        if (!tv[0] || !tv[1]) return perr(pc, v[K_TIED]->line, "'tied' needs head and embedding");
+        TPS_TRY(get_str(pc, tv[0], "head", &s->tied_head));
+        TPS_TRY(check_pattern(pc, tv[0]));
+        TPS_TRY(get_str(pc, tv[1], "embedding", &s->tied_embedding));
+        TPS_TRY(check_pattern(pc, tv[1]));
+    }
+    if (v[K_OVR] && !y_is_null(v[K_OVR])) {
+        if (v[K_OVR]->type != YN_SEQ || v[K_OVR]->n > PLAN_MAX_RULES)
+            return perr(pc, v[K_OVR]->line, "'overrides' must be a list of at most %d entries",
+                        PLAN_MAX_RULES);
+        s->rules = tps_xcalloc(v[K_OVR]->n ? v[K_OVR]->n : 1, sizeof *s->rules);
+        if (!s->rules) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_OVR]->n; i++) {
+            s->nrules++;
+            TPS_TRY(parse_lrule(pc, v[K_OVR]->kid[i], &s->rules[i]));
+        }
+    }
+    if (v[K_FUSE] && !y_is_null(v[K_FUSE])) {
+        if (v[K_FUSE]->type != YN_SEQ || v[K_FUSE]->n > LSPEC_MAX_FUSE)
+            return perr(pc, v[K_FUSE]->line, "'fuse' must be a list of at most %d entries",
+                        LSPEC_MAX_FUSE);
+        s->fuse = tps_xcalloc(v[K_FUSE]->n ? v[K_FUSE]->n : 1, sizeof *s->fuse);
+        if (!s->fuse) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_FUSE]->n; i++) {
+            s->nfuse++;
+            TPS_TRY(parse_lfuse(pc, v[K_FUSE]->kid[i], &s->fuse[i]));
+            /* a module is a part of one fusion at most */
+            for (size_t j = 0; j < i; j++)
+                for (size_t a = 0; a < s->fuse[i].nparts; a++)
+                    for (size_t b = 0; b < s->fuse[j].nparts; b++)
+                        if (!strcmp(s->fuse[i].parts[a].module, s->fuse[j].parts[b].module))
+                            return perr(pc, s->fuse[i].line, "module '%s' is already fused at line %d",
+                                        s->fuse[i].parts[a].module, s->fuse[j].line);
+        }
+    }
+    return TPS_OK;
+}
+
+void tps_lspec_free(tps_lspec *s)
+{
+    if (!s) return;
+    free(s->name);
+    free(s->target);
+    free(s->description);
+    free(s->label);
+    free(s->text);
+    strv_free(s->architectures, s->narch);
+    strv_free(s->model_types, s->nmt);
+    strv_free(s->vocab, s->nvocab);
+    free(s->tied_head);
+    free(s->tied_embedding);
+    for (size_t i = 0; i < s->nrules; i++) {
+        strv_free(s->rules[i].patterns, s->rules[i].npat);
+        if (s->rules[i].when) {
+            cond_clear(s->rules[i].when);
+            free(s->rules[i].when);
+        }
+    }
+    free(s->rules);
+    for (size_t i = 0; i < s->nfuse; i++) {
+        tps_lfuse *f = &s->fuse[i];
+        free(f->into);
+        for (size_t j = 0; j < f->nparts; j++) {
+            free(f->parts[j].module);
+            free(f->parts[j].heads);
+        }
+        free(f->parts);
+        for (size_t j = 0; j < f->nextra; j++) free(f->extra[j].name);
+        free(f->extra);
+    }
+    free(s->fuse);
+    free(s);
+}
+
+tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
+                        tps_lspec **out)
+{
+    pctx pc = {ctx, label ? label : "layout"};
+    ynode *root = NULL;
+    tps_lspec *s = NULL;
+    tps_err rc = TPS_OK;
+    *out = NULL;
+    if (len > PLAN_MAX_BYTES)
+        return tps_fail(ctx, TPS_E_PLAN, "%s: layout is %zu bytes, more than the limit of 1 MiB",
+                        pc.label, len);
+    TPS_CHECK(yaml_load(&pc, text ? text : "", len, &root));
+    s = tps_xcalloc(1, sizeof *s);
+    TPS_FAIL_IF(!s, ctx, TPS_E_NOMEM, "out of memory");
+    s->label = tps_strdup(pc.label);
+    s->text = tps_xmalloc(len + 1);
+    TPS_FAIL_IF(!s->label || !s->text, ctx, TPS_E_NOMEM, "out of memory");
+    memcpy(s->text, text ? text : "", len);
+    s->text[len] = 0;
+    s->text_len = len;
+    TPS_CHECK(build_lspec(&pc, root, s));
+    *out = s;
+    s = NULL;
+out:
+    ynode_free(root);
+    tps_lspec_free(s);
+    return rc;
+}

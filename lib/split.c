@@ -41,23 +41,26 @@ typedef struct {
     uint64_t size;
 } ofile;
 
+/* Where a rank tensor lands: its file and the absolute offset of its bytes. */
 typedef struct {
     int file;        /* index into files, -1 when the rank is not written */
-    uint64_t off;    /* absolute offset in that file */
-    uint64_t nbytes;
-    uint32_t crc;
+    uint64_t off;
 } oslot;
 
 typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1 } task_kind;
 
+/* CONTIG: bytes [a, b) of one region, which are one run of its source
+ * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
+ * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
+ * slices of each row. */
 typedef struct {
-    size_t t;
     task_kind kind;
-    int rank;        /* CONTIG: the rank, or -1 = every written rank (replicated) */
-    uint64_t a, b;   /* CONTIG: logical byte range; ROWS: outer rows [a, b) */
-    uint64_t dst;    /* CONTIG: offset inside the slot */
-    int full_rows;   /* ROWS: read whole rows once (else each rank's slices) */
-    size_t crc0;     /* index of its first CRC in the pool (ROWS: tp of them) */
+    size_t t;        /* source tensor */
+    size_t g0, ng;   /* regions */
+    uint64_t a, b;
+    uint64_t src;    /* CONTIG: source byte of a */
+    int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
+    size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
 } task;
 
 typedef struct {
@@ -68,12 +71,16 @@ typedef struct {
     int tp;
     ofile *files;
     size_t nfiles;
-    oslot *slots;    /* [tensor * tp + rank] */
+    oslot *slots;    /* [rank tensor] */
+    size_t *dests;   /* written pieces of each region: dests[dest0[g] .. dest0[g + 1]) */
+    size_t *dest0;
     task *tasks;
     size_t ntasks, cap;
     uint32_t *crcs;
     uint64_t *crclen;
     size_t ncrc;
+    uint32_t *region_crc;
+    int *piece_rt;   /* rank tensor of each piece */
     uint64_t total, done;
     volatile int failed;
     tps_err err;
@@ -82,8 +89,6 @@ typedef struct {
     int map;         /* read the source through per-task mappings */
     size_t page;
 } engine;
-
-static oslot *slot(engine *E, size_t t, int r) { return &E->slots[t * (size_t)E->tp + (size_t)r]; }
 
 static tps_err add_task(engine *E, task tk, size_t ncrc)
 {
@@ -100,116 +105,122 @@ static tps_err add_task(engine *E, task tk, size_t ncrc)
     return TPS_OK;
 }
 
-/* Geometry of tensor t cut along dim d: [outer, n, inner] with a row of
- * `row` bytes and each rank's slice of a row being [s_r, s_r + l_r) in bytes. */
-typedef struct {
-    uint64_t outer, row, s[4096], l[4096];
-} geom;
-
-static void geometry(const engine *E, size_t ti, geom *g)
+/* Which written pieces each region feeds. */
+static tps_err index_dests(engine *E)
 {
-    const tps_ctensor *t = &E->ck->t[ti];
-    int d = E->L->p[ti].dim;
-    uint64_t inner_bits = tps_dtype_bits(t->dtype);
-    for (int k = d + 1; k < t->ndim; k++) inner_bits *= t->shape[k];
-    g->outer = 1;
-    for (int k = 0; k < d; k++) g->outer *= t->shape[k];
-    g->row = t->shape[d] * inner_bits / 8;
-    for (int r = 0; r < E->tp; r++) {
-        uint64_t s, l;
-        tps_chunk(t->shape[d], E->tp, r, &s, &l);
-        g->s[r] = s * inner_bits / 8;
-        g->l[r] = l * inner_bits / 8;
+    const tps_layout *L = E->L;
+    E->piece_rt = tps_xcalloc(L->npieces ? L->npieces : 1, sizeof *E->piece_rt);
+    E->dest0 = tps_xcalloc(L->nregions + 1, sizeof *E->dest0);
+    E->dests = tps_xcalloc(L->npieces ? L->npieces : 1, sizeof *E->dests);
+    E->region_crc = tps_xcalloc(L->nregions ? L->nregions : 1, sizeof *E->region_crc);
+    if (!E->piece_rt || !E->dest0 || !E->dests || !E->region_crc)
+        return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < L->nrt; k++)
+        for (size_t j = 0; j < L->rt[k].npieces; j++) E->piece_rt[L->rt[k].piece0 + j] = (int)k;
+    for (size_t pi = 0; pi < L->npieces; pi++) {
+        const tps_lpiece *p = &L->pieces[pi];
+        if (p->kind == TPS_PK_SRC && E->write[p->rank]) E->dest0[p->region + 1]++;
     }
+    for (size_t g = 0; g < L->nregions; g++) E->dest0[g + 1] += E->dest0[g];
+    size_t *fill = tps_xcalloc(L->nregions ? L->nregions : 1, sizeof *fill);
+    if (!fill) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t pi = 0; pi < L->npieces; pi++) {
+        const tps_lpiece *p = &L->pieces[pi];
+        if (p->kind == TPS_PK_SRC && E->write[p->rank])
+            E->dests[E->dest0[p->region] + fill[p->region]++] = pi;
+    }
+    free(fill);
+    return TPS_OK;
+}
+
+static int region_written(const engine *E, size_t g)
+{
+    return E->dest0[g + 1] > E->dest0[g];
 }
 
 static tps_err plan_tasks(engine *E)
 {
-    /* Two tables of 4096 ranks: on the heap, not static, so splits running
-     * in different threads share nothing. */
-    tps_err rc = TPS_OK;
-    geom *g = tps_xmalloc(sizeof *g);
-    if (!g) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
-    for (size_t ti = 0; ti < E->ck->n; ti++) {
-        const tps_ctensor *t = &E->ck->t[ti];
-        int d = E->L->p[ti].dim;
-        if (d < 0) {
-            for (uint64_t a = 0; a < t->nbytes; a += CHUNK) {
-                uint64_t b = a + CHUNK < t->nbytes ? a + CHUNK : t->nbytes;
-                TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = -1, .a = a, .b = b,
-                                           .dst = a}, 1));
-                E->total += b - a;
-            }
+    const tps_layout *L = E->L;
+    for (size_t g = 0; g < L->nregions;) {
+        const tps_region *rg = &L->regions[g];
+        uint64_t outer, row, s, l;
+        tps_region_geom(E->ck, rg, &outer, &row, &s, &l);
+        if (outer == 1 || l == row) {
+            /* One run of the source: [s, s + l) of the only row, or whole rows. */
+            if (region_written(E, g))
+                for (uint64_t a = 0; a < rg->nbytes; a += CHUNK) {
+                    uint64_t b = a + CHUNK < rg->nbytes ? a + CHUNK : rg->nbytes;
+                    TPS_TRY(add_task(E, (task){.kind = TASK_CONTIG, .t = rg->src, .g0 = g, .ng = 1,
+                                               .a = a, .b = b, .src = s + a}, 1));
+                    E->total += b - a;
+                }
+            g++;
             continue;
         }
-        geometry(E, ti, g);
-        if (g->outer == 1 || g->row > CHUNK) {
-            /* Each rank's bytes are one contiguous run per outer row. */
-            for (int r = 0; r < E->tp; r++) {
-                if (!E->write[r]) continue;
-                for (uint64_t o = 0; o < g->outer; o++)
-                    for (uint64_t a = 0; a < g->l[r]; a += CHUNK) {
-                        uint64_t len = g->l[r] - a < CHUNK ? g->l[r] - a : CHUNK;
-                        uint64_t src = o * g->row + g->s[r] + a;
-                        TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_CONTIG, .rank = r, .a = src,
-                                                   .b = src + len, .dst = o * g->l[r] + a}, 1));
-                        E->total += len;
-                    }
-            }
-            continue;
-        }
-        /* Strided: blocks of whole rows, scattered to every written rank. */
+        /* Strided: this tensor's regions along the same dim, in blocks of rows. */
+        size_t ng = 1;
+        while (g + ng < L->nregions && L->regions[g + ng].src == rg->src &&
+               L->regions[g + ng].dim == rg->dim)
+            ng++;
         uint64_t want = 0;
-        for (int r = 0; r < E->tp; r++)
-            if (E->write[r]) want += g->l[r];
-        int full = want * 4 >= g->row; /* reading whole rows wastes little */
-        uint64_t rows = CHUNK / g->row;
-        if (rows == 0) rows = 1;
-        for (uint64_t a = 0; a < g->outer; a += rows) {
-            uint64_t b = a + rows < g->outer ? a + rows : g->outer;
-            TPS_CHECK(add_task(E, (task){.t = ti, .kind = TASK_ROWS, .rank = -1, .a = a, .b = b,
-                                       .full_rows = full}, (size_t)E->tp));
-            E->total += (b - a) * (full ? g->row : want);
+        for (size_t k = 0; k < ng; k++)
+            if (region_written(E, g + k)) {
+                uint64_t o2, r2, s2, l2;
+                tps_region_geom(E->ck, &L->regions[g + k], &o2, &r2, &s2, &l2);
+                want += l2;
+            }
+        if (want) {
+            int full = want * 4 >= row; /* reading whole rows wastes little */
+            uint64_t rows = CHUNK / row;
+            if (rows == 0) rows = 1;
+            for (uint64_t a = 0; a < outer; a += rows) {
+                uint64_t b = a + rows < outer ? a + rows : outer;
+                TPS_TRY(add_task(E, (task){.kind = TASK_ROWS, .t = rg->src, .g0 = g, .ng = ng,
+                                           .a = a, .b = b, .full_rows = full}, ng));
+                E->total += (b - a) * (full ? row : want);
+            }
         }
+        g += ng;
     }
-    E->crcs = tps_xcalloc(E->ncrc, sizeof *E->crcs);
-    E->crclen = tps_xcalloc(E->ncrc, sizeof *E->crclen);
-    TPS_FAIL_IF(!E->crcs || !E->crclen, E->ctx, TPS_E_NOMEM, "out of memory");
-out:
-    free(g);
-    return rc;
+    E->crcs = tps_xcalloc(E->ncrc ? E->ncrc : 1, sizeof *E->crcs);
+    E->crclen = tps_xcalloc(E->ncrc ? E->ncrc : 1, sizeof *E->crclen);
+    if (!E->crcs || !E->crclen) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    return TPS_OK;
 }
 
-static tps_err write_to(engine *E, size_t ti, int r, const void *buf, size_t len, uint64_t dst)
+/* Writes len bytes that start `off` bytes into piece pi's region. */
+static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
-    oslot *s = slot(E, ti, r);
+    const tps_lpiece *p = &E->L->pieces[pi];
+    const oslot *s = &E->slots[E->piece_rt[pi]];
     ofile *f = &E->files[s->file];
-    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + dst);
+    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
 }
 
 /* Runs a task from the source bytes at src (a mapping of exactly the bytes
  * the task reads, of the file src_path), or with preads into `in` when src
- * is NULL. ROWS tasks expect g to hold the tensor's geometry. */
+ * is NULL. */
 static tps_err run_task_on(engine *E, const task *tk, const char *src, const char *src_path, char *in,
-                           char *out, geom *g)
+                           char *out)
 {
     tps_ctx *ctx = E->ctx;
     const tps_ckpt *ck = E->ck;
+    const tps_layout *L = E->L;
     if (tk->kind == TASK_CONTIG) {
         /* In sub-chunks that stay in L2, so each byte comes from memory once
          * and the CRC reads it cache-hot. From a mapping, the write comes
          * first: its copy pulls the bytes in, the CRC finds them there.
-         * Replicated bytes go through the buffer even then, so every rank
-         * and the CRC get the same bytes if the source changes meanwhile
-         * (the final recheck then fails the split anyway). */
+         * Bytes for several ranks go through the buffer even then, so every
+         * rank and the CRC get the same bytes if the source changes
+         * meanwhile (the final recheck then fails the split anyway). */
+        size_t g = tk->g0, d0 = E->dest0[g], nd = E->dest0[g + 1] - d0;
         uint32_t crc = 0;
         for (uint64_t a = tk->a; a < tk->b; a += SUB) {
             size_t len = (size_t)(tk->b - a < SUB ? tk->b - a : SUB);
-            uint64_t dst = tk->dst + (a - tk->a);
-            if (src && tk->rank >= 0) {
+            if (src && nd == 1) {
                 const char *p = src + (a - tk->a);
                 errno = 0;
-                tps_err rc = write_to(E, tk->t, tk->rank, p, len, dst);
+                tps_err rc = write_piece(E, E->dests[d0], p, len, a);
                 /* EFAULT: the bytes to write could not be read: the source's
                  * fault, not this output's. */
                 if (rc && errno == EFAULT)
@@ -222,55 +233,54 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
             if (src)
                 memcpy(in, src + (a - tk->a), len);
             else
-                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, a, in, len));
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->src + (a - tk->a), in, len));
             crc = tps_crc32(crc, in, len);
-            if (tk->rank >= 0) {
-                TPS_TRY(write_to(E, tk->t, tk->rank, in, len, dst));
-                continue;
-            }
-            for (int r = 0; r < E->tp; r++)
-                if (E->write[r]) TPS_TRY(write_to(E, tk->t, r, in, len, dst));
+            for (size_t k = 0; k < nd; k++) TPS_TRY(write_piece(E, E->dests[d0 + k], in, len, a));
         }
         E->crcs[tk->crc0] = crc;
         E->crclen[tk->crc0] = tk->b - tk->a;
         return TPS_OK;
     }
-    uint64_t nrows = tk->b - tk->a;
+    uint64_t nrows = tk->b - tk->a, outer, row, s, l;
     const char *rows = src ? src : in;
+    tps_region_geom(ck, &L->regions[tk->g0], &outer, &row, &s, &l);
     if (tk->full_rows && !src)
-        TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a * g->row, in, (size_t)(nrows * g->row)));
-    for (int r = 0; r < E->tp; r++) {
-        if (!E->write[r] || g->l[r] == 0) continue;
+        TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, tk->a * row, in, (size_t)(nrows * row)));
+    for (size_t k = 0; k < tk->ng; k++) {
+        size_t g = tk->g0 + k;
+        if (!region_written(E, g)) continue;
+        tps_region_geom(ck, &L->regions[g], &outer, &row, &s, &l);
+        if (l == 0) continue;
         size_t n = 0;
         for (uint64_t o = 0; o < nrows; o++) {
             if (tk->full_rows)
-                memcpy(out + n, rows + o * g->row + g->s[r], (size_t)g->l[r]);
+                memcpy(out + n, rows + o * row + s, (size_t)l);
             else
-                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, (tk->a + o) * g->row + g->s[r], out + n,
-                                      (size_t)g->l[r]));
-            n += (size_t)g->l[r];
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, (tk->a + o) * row + s, out + n, (size_t)l));
+            n += (size_t)l;
         }
-        E->crcs[tk->crc0 + (size_t)r] = (uint32_t)tps_crc32(0, out, n);
-        E->crclen[tk->crc0 + (size_t)r] = n;
-        TPS_TRY(write_to(E, tk->t, r, out, n, tk->a * g->l[r]));
+        E->crcs[tk->crc0 + k] = (uint32_t)tps_crc32(0, out, n);
+        E->crclen[tk->crc0 + k] = n;
+        for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
+            TPS_TRY(write_piece(E, E->dests[d], out, n, tk->a * l));
     }
     return TPS_OK;
 }
 
-/* The source range a task reads in one run: CONTIG [a, b), whole-row ROWS
- * their rows; ROWS that read only some ranks' slices have none. Fills g
- * for ROWS tasks. */
-static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, uint64_t *len)
+/* The source range a task reads in one run: CONTIG its bytes, whole-row
+ * ROWS their rows; ROWS that read only some slices have none. */
+static int task_range(const engine *E, const task *tk, uint64_t *off, uint64_t *len)
 {
     if (tk->kind == TASK_CONTIG) {
-        *off = tk->a;
+        *off = tk->src;
         *len = tk->b - tk->a;
         return 1;
     }
-    geometry(E, tk->t, g);
     if (!tk->full_rows) return 0;
-    *off = tk->a * g->row;
-    *len = (tk->b - tk->a) * g->row;
+    uint64_t outer, row, s, l;
+    tps_region_geom(E->ck, &E->L->regions[tk->g0], &outer, &row, &s, &l);
+    *off = tk->a * row;
+    *len = (tk->b - tk->a) * row;
     return 1;
 }
 
@@ -290,18 +300,18 @@ static int task_range(const engine *E, const task *tk, geom *g, uint64_t *off, u
  * A page cut off by another process truncating the source raises SIGBUS
  * (reading it) or EFAULT (a write from it): both end in the source being
  * rechecked and reported as changed. */
-static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
+static tps_err run_task(engine *E, const task *tk, char *in, char *out)
 {
     uint64_t off, len, foff;
     int file;
-    if (!task_range(E, tk, g, &off, &len) || !E->map || len < tps_split_map_min ||
+    if (!task_range(E, tk, &off, &len) || !E->map || len < tps_split_map_min ||
         !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff))
-        return run_task_on(E, tk, NULL, NULL, in, out, g);
+        return run_task_on(E, tk, NULL, NULL, in, out);
     uint64_t base = foff & ~(uint64_t)(E->page - 1);
     size_t mlen = (size_t)(foff + len - base);
     char *const m =
         mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd, (off_t)base);
-    if (m == MAP_FAILED) return run_task_on(E, tk, NULL, NULL, in, out, g);
+    if (m == MAP_FAILED) return run_task_on(E, tk, NULL, NULL, in, out);
     tps_guard gd = {.lo = m, .hi = m + mlen};
     if (sigsetjmp(gd.jb, 1)) {
         tps_guard_leave();
@@ -312,7 +322,7 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out, geom *g)
                         E->ck->files[file].path, E->ck->t[tk->t].name);
     }
     tps_guard_enter(&gd);
-    tps_err rc = run_task_on(E, tk, m + (foff - base), E->ck->files[file].path, in, out, g);
+    tps_err rc = run_task_on(E, tk, m + (foff - base), E->ck->files[file].path, in, out);
     tps_guard_leave();
     munmap(m, mlen);
     if (rc && rc != TPS_E_INTERRUPTED) {
@@ -336,8 +346,7 @@ static void run_all(engine *E)
         int reblock = E->map && pthread_sigmask(SIG_UNBLOCK, &bus, &mask) == 0 &&
                       sigismember(&mask, SIGBUS) == 1;
         char *in = tps_xmalloc(CHUNK), *out = tps_xmalloc(CHUNK);
-        geom *g = tps_xmalloc(sizeof *g);
-        if (!in || !out || !g) {
+        if (!in || !out) {
 #pragma omp critical
             if (!E->failed) {
                 E->err = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory for copy buffers");
@@ -355,7 +364,7 @@ static void run_all(engine *E)
                 }
                 continue;
             }
-            tps_err rc = run_task(E, &E->tasks[i], in, out, g);
+            tps_err rc = run_task(E, &E->tasks[i], in, out);
             if (rc) {
 #pragma omp critical
                 if (!E->failed) {
@@ -367,7 +376,7 @@ static void run_all(engine *E)
             const task *tk = &E->tasks[i];
             uint64_t moved = tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
             if (tk->kind == TASK_ROWS)
-                for (int r = 0; r < E->tp; r++) moved += E->crclen[tk->crc0 + (size_t)r];
+                for (size_t k = 0; k < tk->ng; k++) moved += E->crclen[tk->crc0 + k];
             uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
             /* One caller at a time, whichever thread is free. */
             if (E->ctx->progress && !__atomic_exchange_n(&E->reporting, 1, __ATOMIC_ACQUIRE)) {
@@ -377,51 +386,68 @@ static void run_all(engine *E)
         }
         free(in);
         free(out);
-        free(g);
         if (reblock) pthread_sigmask(SIG_BLOCK, &bus, NULL);
     }
 }
 
-/* Joins the per-task CRCs of every slot in file order. */
+/* Joins the per-task CRCs of every region in byte order (tasks are made in
+ * region order, each region's in order). */
 static void combine_crcs(engine *E)
 {
-    for (size_t i = 0; i < E->ck->n * (size_t)E->tp; i++) E->slots[i].crc = 0;
     for (size_t k = 0; k < E->ntasks; k++) {
         const task *tk = &E->tasks[k];
-        for (int r = 0; r < E->tp; r++) {
-            if (!E->write[r]) continue;
-            size_t c;
-            if (tk->kind == TASK_CONTIG) {
-                if (tk->rank >= 0 && tk->rank != r) continue;
-                c = tk->crc0;
-            } else {
-                c = tk->crc0 + (size_t)r;
-            }
-            oslot *s = slot(E, tk->t, r);
-            s->crc = (uint32_t)crc32_combine(s->crc, E->crcs[c], (z_off_t)E->crclen[c]);
+        for (size_t j = 0; j < tk->ng; j++) {
+            size_t g = tk->g0 + j, c = tk->crc0 + j;
+            if (tk->kind == TASK_ROWS && !region_written(E, g)) continue;
+            E->region_crc[g] =
+                (uint32_t)crc32_combine(E->region_crc[g], E->crcs[c], (z_off_t)E->crclen[c]);
         }
     }
 }
 
+/* The constant pieces (the engine's 0-dim entries): written whole here.
+ * Zero pieces need nothing: the files are sized with ftruncate. */
+static tps_err write_constants(engine *E)
+{
+    const tps_layout *L = E->L;
+    for (size_t k = 0; k < L->nrt; k++) {
+        const tps_rtensor *rt = &L->rt[k];
+        if (!E->write[rt->rank]) continue;
+        for (size_t j = 0; j < rt->npieces; j++) {
+            const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+            if (p->kind != TPS_PK_CONST) continue;
+            unsigned char el[8];
+            size_t es = tps_dtype_bits(rt->dtype) / 8;
+            tps_encode_value(rt->dtype, p->value, el);
+            ofile *f = &E->files[E->slots[k].file];
+            for (uint64_t a = 0; a < p->nbytes; a += es)
+                TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, el, es, E->slots[k].off + p->at + a));
+        }
+    }
+    return TPS_OK;
+}
+
 /* ------------------------------------------------------------------ output layout */
 
-static char *placements_json(const engine *E, int rank, int part, const char *plan)
+/* DTensor rank files say each sharded tensor's placement, global shape and
+ * offset (the loading recipe wraps them in DTensors with it). */
+static char *placements_json(const engine *E, int rank, int part)
 {
-    (void)plan;
+    const tps_layout *L = E->L;
     cJSON *o = cJSON_CreateObject();
-    for (size_t ti = 0; ti < E->ck->n; ti++) {
-        const oslot *s = &E->slots[ti * (size_t)E->tp + (size_t)rank];
-        if (E->L->p[ti].dim < 0 || s->file < 0 || E->files[s->file].part != part) continue;
-        const tps_ctensor *t = &E->ck->t[ti];
-        uint64_t st, ln;
-        tps_chunk(t->shape[E->L->p[ti].dim], E->tp, rank, &st, &ln);
+    for (size_t k = L->rank_rt[rank]; k < L->rank_rt[rank + 1]; k++) {
+        const tps_rtensor *rt = &L->rt[k];
+        const tps_region *g = &L->regions[L->pieces[rt->piece0].region];
+        if (!rt->simple || g->dim < 0 || E->slots[k].file < 0 || E->files[E->slots[k].file].part != part)
+            continue;
+        const tps_ctensor *t = &E->ck->t[g->src];
         cJSON *e = cJSON_CreateObject();
         char pl[32];
-        snprintf(pl, sizeof pl, "Shard(%d)", E->L->p[ti].dim);
+        snprintf(pl, sizeof pl, "Shard(%d)", g->dim);
         cJSON_AddStringToObject(e, "placement", pl);
         cJSON *gs = cJSON_AddArrayToObject(e, "global_shape");
         for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(gs, cJSON_CreateNumber((double)t->shape[d]));
-        cJSON_AddNumberToObject(e, "offset", (double)st);
+        cJSON_AddNumberToObject(e, "offset", (double)g->lo);
         cJSON_AddItemToObject(o, t->name, e);
     }
     char *s = cJSON_PrintUnformatted(o);
@@ -432,51 +458,47 @@ static char *placements_json(const engine *E, int rank, int part, const char *pl
 static tps_err build_files(engine *E, const tps_split_opts *o)
 {
     tps_ctx *ctx = E->ctx;
-    const tps_ckpt *ck = E->ck;
-    size_t n = ck->n;
-    tps_st_entry *ent = tps_xcalloc(n, sizeof *ent);
-    uint64_t(*lshape)[TPS_MAX_DIMS] = tps_xcalloc(n, sizeof *lshape);
-    int *fileof = tps_xcalloc(n, sizeof *fileof);
+    const tps_layout *L = E->L;
+    size_t maxn = 0;
+    for (int r = 0; r < E->tp; r++)
+        if (L->rank_rt[r + 1] - L->rank_rt[r] > maxn) maxn = L->rank_rt[r + 1] - L->rank_rt[r];
+    tps_st_entry *ent = tps_xcalloc(maxn ? maxn : 1, sizeof *ent);
+    int *fileof = tps_xcalloc(maxn ? maxn : 1, sizeof *fileof);
     tps_err rc = TPS_OK;
-    TPS_FAIL_IF(!ent || !lshape || !fileof, ctx, TPS_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < n * (size_t)E->tp; i++) E->slots[i].file = -1;
+    TPS_FAIL_IF(!ent || !fileof, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < L->nrt; i++) E->slots[i].file = -1;
     for (int r = 0; r < E->tp; r++) {
         if (!E->write[r]) continue;
-        /* Local shapes, and the file order to assign parts in. */
-        for (size_t ti = 0; ti < n; ti++) {
-            const tps_ctensor *t = &ck->t[ti];
-            memcpy(lshape[ti], t->shape, sizeof lshape[ti]);
-            int d = E->L->p[ti].dim;
-            if (d >= 0) {
-                uint64_t s;
-                tps_chunk(t->shape[d], E->tp, r, &s, &lshape[ti][d]);
-            }
-            ent[ti] = (tps_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
-                                     .shape = lshape[ti], .nbytes = tps_layout_local_bytes(E->L, ti, r)};
+        size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0;
+        for (size_t k = 0; k < n; k++) {
+            const tps_rtensor *rt = &L->rt[k0 + k];
+            ent[k] = (tps_st_entry){.name = rt->name, .dtype = rt->dtype, .ndim = rt->ndim,
+                                    .shape = rt->shape, .nbytes = rt->nbytes};
         }
+        /* The file order to assign parts in. */
         char *h0;
         size_t h0len;
         TPS_CHECK(tps_st_build_header(ctx, ent, n, NULL, NULL, 0, &h0, &h0len));
         free(h0);
-        size_t *ord = tps_xcalloc(n, sizeof *ord);
+        size_t *ord = tps_xcalloc(n ? n : 1, sizeof *ord);
         TPS_FAIL_IF(!ord, ctx, TPS_E_NOMEM, "out of memory");
-        for (size_t ti = 0; ti < n; ti++) ord[ent[ti].order] = ti;
+        for (size_t k = 0; k < n; k++) ord[ent[k].order] = k;
         int part = 0;
         uint64_t acc = 0;
-        for (size_t k = 0; k < n; k++) {
-            size_t ti = ord[k];
-            if (o->max_part_size && acc > 0 && acc + ent[ti].nbytes > o->max_part_size) {
+        for (size_t j = 0; j < n; j++) {
+            size_t k = ord[j];
+            if (o->max_part_size && acc > 0 && acc + ent[k].nbytes > o->max_part_size) {
                 part++;
                 acc = 0;
             }
-            acc += ent[ti].nbytes;
-            fileof[ti] = part;
+            acc += ent[k].nbytes;
+            fileof[k] = part;
         }
         free(ord);
         for (int p = 0; p <= part; p++) {
             /* Entries of this part, header with metadata, slot offsets. */
-            tps_st_entry *pe = tps_xcalloc(n, sizeof *pe);
-            size_t *map = tps_xcalloc(n, sizeof *map);
+            tps_st_entry *pe = tps_xcalloc(n ? n : 1, sizeof *pe);
+            size_t *map = tps_xcalloc(n ? n : 1, sizeof *map);
             ofile *nf = realloc(E->files, (E->nfiles + 1) * sizeof *nf);
             if (!pe || !map || !nf) {
                 free(pe);
@@ -492,37 +514,40 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
             f->part = p;
             E->nfiles++;
             size_t m = 0;
-            for (size_t ti = 0; ti < n; ti++)
-                if (fileof[ti] == p) {
-                    map[m] = ti;
-                    pe[m++] = ent[ti];
+            for (size_t k = 0; k < n; k++)
+                if (fileof[k] == p) {
+                    map[m] = k0 + k;
+                    pe[m++] = ent[k];
                 }
             char rs[16], ts[16], ps[16], np[16];
             snprintf(rs, sizeof rs, "%d", r);
             snprintf(ts, sizeof ts, "%d", E->tp);
             snprintf(ps, sizeof ps, "%d", p);
             snprintf(np, sizeof np, "%d", part + 1);
-            char *pj;
             f->final = tps_asprintf("%s/model-rank-%d-part-%d.safetensors", o->out_dir, r, p);
             f->tmp = f->final ? tps_tmp_name(f->final) : NULL;
             /* Slots first (placements_json needs them), then the header. */
-            for (size_t k = 0; k < m; k++) {
-                oslot *s = slot(E, map[k], r);
-                s->file = (int)(E->nfiles - 1);
-                s->nbytes = pe[k].nbytes;
+            for (size_t k = 0; k < m; k++) E->slots[map[k]].file = (int)(E->nfiles - 1);
+            tps_err hrc;
+            if (!L->spec) {
+                char *pj = placements_json(E, r, p);
+                const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan", "tool",
+                                    "placements"};
+                const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
+                                    "tpshard " TPS_VERSION_STRING, pj ? pj : "{}"};
+                hrc = tps_st_build_header(ctx, pe, m, mk, mv, 8, &f->hdr, &f->hdr_len);
+                free(pj);
+            } else {
+                const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan",
+                                    "tool", "layout", "target"};
+                const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
+                                    "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target};
+                hrc = tps_st_build_header(ctx, pe, m, mk, mv, 9, &f->hdr, &f->hdr_len);
             }
-            pj = placements_json(E, r, p, NULL);
-            const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan", "tool",
-                                "placements"};
-            const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(E->L->plan),
-                                "tpshard " TPS_VERSION_STRING, pj ? pj : "{}"};
-            tps_err hrc = tps_st_build_header(ctx, pe, m, mk, mv, 8, &f->hdr, &f->hdr_len);
-            free(pj);
             if (!hrc) {
                 f->size = f->hdr_len;
                 for (size_t k = 0; k < m; k++) {
-                    oslot *s = slot(E, map[k], r);
-                    s->off = f->hdr_len + pe[k].offset;
+                    E->slots[map[k]].off = f->hdr_len + pe[k].offset;
                     f->size += pe[k].nbytes;
                 }
             }
@@ -534,7 +559,6 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
     }
 out:
     free(ent);
-    free(lshape);
     free(fileof);
     return rc;
 }
@@ -567,17 +591,53 @@ static const char *base_name(const char *p)
     return b ? b + 1 : p;
 }
 
+/* Name of rank r's file holding rank tensor k: its own when written here,
+ * else part 0's name (ranks another --ranks run writes). */
+static void mw_rank_file(const engine *E, FILE *f, size_t k, int r)
+{
+    if (E->slots[k].file >= 0)
+        mw_str(f, base_name(E->files[E->slots[k].file].final));
+    else
+        fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
+}
+
+/* The entries of a previous manifest's item for rank r, appended to f. */
+static int mw_theirs(FILE *f, const cJSON *arr, int r, int first)
+{
+    for (const cJSON *e = arr ? arr->child : NULL; e; e = e->next) {
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
+        if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
+        fputs(first ? "" : ", ", f);
+        first = 0;
+        mw_json(f, e);
+    }
+    return first;
+}
+
 static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
 {
     const tps_ckpt *ck = E->ck;
+    const tps_layout *L = E->L;
     static const char *const kinds[] = {"file", "dir", "index", "sharded"};
     fprintf(f, "{\n\"format\": \"tpshard\",\n\"version\": %d,\n\"tool\": \"tpshard " TPS_VERSION_STRING
                "\",\n\"tp\": %d,\n\"plan\": {\"name\": ",
-            TPS_MANIFEST_FORMAT, E->tp);
-    mw_str(f, tps_plan_name(E->L->plan));
+            L->spec ? TPS_MANIFEST_FORMAT_LAYOUT : TPS_MANIFEST_FORMAT, E->tp);
+    mw_str(f, tps_plan_name(L->plan));
     fputs(", \"source\": ", f);
     mw_str(f, plan_source);
-    fputs("},\n\"source\": {\"kind\": ", f);
+    fputs("},\n", f);
+    if (L->spec) {
+        fputs("\"layout\": {\"name\": ", f);
+        mw_str(f, L->spec->name);
+        fputs(", \"target\": ", f);
+        mw_str(f, L->spec->target);
+        fputs(", \"source\": ", f);
+        mw_str(f, L->spec->label);
+        fputs(", \"text\": ", f);
+        mw_str(f, L->spec->text);
+        fputs("},\n", f);
+    }
+    fputs("\"source\": {\"kind\": ", f);
     mw_str(f, kinds[ck->kind]);
     fputs(", \"stem\": ", f);
     mw_str(f, ck->stem);
@@ -636,54 +696,109 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     const cJSON *pt = ptensors ? ptensors->child : NULL;
     for (size_t ti = 0; ti < ck->n; ti++) {
         const tps_ctensor *t = &ck->t[ti];
-        int d = E->L->p[ti].dim;
+        size_t p0 = L->src_piece0[ti], p1 = L->src_piece0[ti + 1];
+        int d = L->regions[L->pieces[L->src_pieces[p0]].region].dim;
         fputs(ti ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
         mw_str(f, t->name);
         fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
         mw_shape(f, t->shape, t->ndim);
-        fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(E->L->p[ti].style));
+        fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(L->p[ti].style));
         if (d >= 0) fprintf(f, "\"Shard(%d)\"", d);
         else fputs("\"Replicate\"", f);
         fprintf(f, ", \"dim\": %d", d);
-        if (E->L->p[ti].rule) {
+        if (L->p[ti].rule) {
             fputs(", \"rule\": ", f);
-            mw_str(f, E->L->p[ti].rule);
+            mw_str(f, L->p[ti].rule);
         }
         fputs(", \"source_file\": ", f);
         mw_str(f, t->origin);
         fputs(", \"ranks\": [", f);
         const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
         if (pt) pt = pt->next;
-        for (int r = 0; r < E->tp; r++) {
-            if (r) fputs(", ", f);
-            if (theirs[r] && cJSON_GetArraySize(pranks) == E->tp) {
-                mw_json(f, cJSON_GetArrayItem(pranks, r));
+        int firstp = 1, done_r = -1;
+        for (size_t k = p0; k < p1; k++) {
+            size_t pi = L->src_pieces[k];
+            const tps_lpiece *p = &L->pieces[pi];
+            const tps_region *g = &L->regions[p->region];
+            size_t rk = (size_t)E->piece_rt[pi];
+            const tps_rtensor *rt = &L->rt[rk];
+            if (theirs[p->rank]) {
+                if (done_r != p->rank) firstp = mw_theirs(f, pranks, p->rank, firstp);
+                done_r = p->rank;
                 continue;
             }
-            uint64_t s0 = 0, l = 0, ls[TPS_MAX_DIMS];
+            uint64_t ls[TPS_MAX_DIMS];
             memcpy(ls, t->shape, sizeof ls);
-            if (d >= 0) {
-                tps_chunk(t->shape[d], E->tp, r, &s0, &l);
-                ls[d] = l;
+            if (g->dim >= 0) ls[g->dim] = g->hi - g->lo;
+            fprintf(f, "%s{\"rank\": %d, \"file\": ", firstp ? "" : ", ", p->rank);
+            firstp = 0;
+            mw_rank_file(E, f, rk, p->rank);
+            if (strcmp(rt->name, t->name)) {
+                fputs(", \"tensor\": ", f);
+                mw_str(f, rt->name);
             }
-            const oslot *so = &E->slots[ti * (size_t)E->tp + (size_t)r];
-            fprintf(f, "{\"rank\": %d, \"file\": ", r);
-            if (so->file >= 0) {
-                mw_str(f, base_name(E->files[so->file].final));
-            } else {
-                /* Unwritten ranks still get the name their part 0 would have. */
-                fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
-            }
+            if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
             fputs(", \"shape\": ", f);
             mw_shape(f, ls, t->ndim);
-            fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)s0,
-                    (unsigned long long)tps_layout_local_bytes(E->L, ti, r));
-            if (so->file >= 0) fprintf(f, ", \"crc32\": %u", (unsigned)so->crc);
+            fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)g->lo,
+                    (unsigned long long)p->nbytes);
+            if (p->replica) fputs(", \"replica\": true", f);
+            if (E->slots[rk].file >= 0)
+                fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);
             fputc('}', f);
         }
         fputs("]}", f);
     }
-    fputs("\n]\n}\n", f);
+    fputs("\n]", f);
+    if (L->spec) {
+        /* Rank tensors that are not one source tensor's piece under its own
+         * name: what each of their bytes is, so check can account for all. */
+        fputs(",\n\"rank_tensors\": [", f);
+        first = 1;
+        const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
+        for (int r = 0; r < E->tp; r++) {
+            if (theirs[r]) {
+                for (const cJSON *e = prts ? prts->child : NULL; e; e = e->next) {
+                    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
+                    if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
+                    fputs(first ? "\n  " : ",\n  ", f);
+                    first = 0;
+                    mw_json(f, e);
+                }
+                continue;
+            }
+            for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
+                const tps_rtensor *rt = &L->rt[k];
+                if (rt->simple) continue;
+                fputs(first ? "\n  {\"rank\": " : ",\n  {\"rank\": ", f);
+                first = 0;
+                fprintf(f, "%d, \"name\": ", r);
+                mw_str(f, rt->name);
+                fputs(", \"file\": ", f);
+                mw_rank_file(E, f, k, r);
+                fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
+                mw_shape(f, rt->shape, rt->ndim);
+                fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
+                for (size_t j = 0; j < rt->npieces; j++) {
+                    const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+                    fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
+                            (unsigned long long)p->at, (unsigned long long)p->nbytes);
+                    if (p->kind == TPS_PK_SRC) {
+                        fputs("\"source\": ", f);
+                        mw_str(f, ck->t[L->regions[p->region].src].name);
+                    } else if (p->kind == TPS_PK_ZERO) {
+                        fputs("\"zeros\": true", f);
+                    } else {
+                        fprintf(f, "\"value\": %.17g", p->value);
+                    }
+                    fputc('}', f);
+                }
+                fputs("]}", f);
+            }
+        }
+        fputs("\n]", f);
+    }
+    fputs("\n}\n", f);
 }
 
 static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *plan_source)
@@ -768,7 +883,10 @@ static int joinable(const engine *E, const cJSON *m)
     const cJSON *pn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "plan"), "name");
     const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "source"), "stem");
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"), "name");
+    const char *lname = cJSON_IsString(ln) ? ln->valuestring : "dtensor";
     if (!cJSON_IsNumber(tp) || tp->valueint != E->tp || !cJSON_IsString(pn) ||
+        strcmp(lname, tps_layout_name(E->L)) ||
         strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
         strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts) || (size_t)cJSON_GetArraySize(ts) != ck->n)
         return 0;
@@ -886,28 +1004,33 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp};
     unsigned char *all = NULL;
     if (res) memset(res, 0, sizeof *res);
+    if (L->rejected && L->spec)
+        return tps_fail(ctx, TPS_E_REJECT, "layout %s rejects tp %d for %s: %s", L->spec->name,
+                        L->tp, ck->path, L->rejected);
     if (L->rejected)
         return tps_fail(ctx, TPS_E_REJECT, "plan %s rejects tp %d for %s: %s", tps_plan_name(L->plan),
                         L->tp, ck->path, L->rejected);
+    if (!L->rank_rt) return tps_fail(ctx, TPS_E_ARG, "split: the layout was not compiled");
     if (!o->out_dir) return tps_fail(ctx, TPS_E_ARG, "no output directory");
     if (o->tp && o->tp != L->tp)
         return tps_fail(ctx, TPS_E_ARG, "split options say tp %d but the layout was made for tp %d",
                         o->tp, L->tp);
     /* A manifest lists every (tensor, rank): past this it would outgrow what
      * check, merge and verify read back (about 235 bytes an entry). */
-    if ((uint64_t)ck->n * (uint64_t)L->tp > TPS_MAX_MANIFEST_ENTRIES)
+    if ((uint64_t)L->npieces + L->nrt > TPS_MAX_MANIFEST_ENTRIES)
         return tps_fail(ctx, TPS_E_NOMEM,
                         "%s: %zu tensors at tp %d make %llu tensor-rank entries, over the %d a "
                         "manifest may hold (check, merge and verify could not read it back)",
-                        ck->path, ck->n, L->tp, (unsigned long long)ck->n * (unsigned long long)L->tp,
+                        ck->path, ck->n, L->tp, (unsigned long long)(L->npieces + L->nrt),
                         TPS_MAX_MANIFEST_ENTRIES);
     all = tps_xcalloc((size_t)L->tp, 1);
-    E.slots = tps_xcalloc(ck->n * (size_t)L->tp, sizeof *E.slots);
+    E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
     for (int r = 0; r < L->tp; r++) all[r] = o->ranks ? o->ranks[r] : 1;
     E.write = all;
     TPS_CHECK(prepare_dir(&E, o));
     TPS_CHECK(build_files(&E, o));
+    TPS_CHECK(index_dests(&E));
     TPS_CHECK(plan_tasks(&E));
     TPS_CHECK(space_check(ctx, &E, o->out_dir));
     for (size_t i = 0; i < E.nfiles; i++) {
@@ -922,6 +1045,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
             TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
         }
     }
+    TPS_CHECK(write_constants(&E));
     /* Mapped reads when asked for and the SIGBUS guard can be set. */
     long pg = sysconf(_SC_PAGESIZE);
     E.page = pg > 0 ? (size_t)pg : 4096;
@@ -997,6 +1121,10 @@ out:
     }
     free(E.files);
     free(E.slots);
+    free(E.dests);
+    free(E.dest0);
+    free(E.region_crc);
+    free(E.piece_rt);
     free(E.tasks);
     free(E.crcs);
     free(E.crclen);

@@ -193,8 +193,26 @@ typedef struct {
     const char *rule;       /* the pattern that matched, or NULL */
 } tps_placement_view;
 
-/* Resolves every tensor's placement and runs the plan's checks. Returns
- * TPS_OK even when checks fail; tps_layout_rejected() says so. */
+/* Layout files: how an engine's rank files differ from the plan's DTensor
+ * shards (fused projections, replicated KV heads, a padded vocabulary...);
+ * see tpshard-plan(5), LAYOUT FILES. NULL stands for the DTensor layout
+ * ("dtensor") wherever a spec is taken. Built in: "vllm", "sglang". */
+typedef struct tps_lspec tps_layout_spec;
+size_t tps_layout_spec_builtin_count(void);
+const char *tps_layout_spec_builtin_name(size_t i);
+tps_err tps_layout_spec_builtin(tps_ctx *ctx, const char *name, tps_layout_spec **out);
+tps_err tps_layout_spec_load(tps_ctx *ctx, const char *path, tps_layout_spec **out);
+void tps_layout_spec_free(tps_layout_spec *s);
+const char *tps_layout_spec_name(const tps_layout_spec *s);   /* "dtensor" for NULL */
+const char *tps_layout_spec_target(const tps_layout_spec *s); /* "vllm 0.33.0"; NULL for dtensor */
+
+/* Resolves every tensor's placement, runs the plan's checks (the DTensor
+ * layout) or the layout's own rules (a spec), and lays out every rank's
+ * tensors. Returns TPS_OK even when a check refuses; tps_layout_rejected()
+ * says so. The layout borrows ck, plan and spec: free it first. */
+tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                            const tps_layout_spec *spec, int tp, tps_layout **out);
+/* The DTensor layout: tps_layout_new_with(..., NULL, ...). */
 tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
                        tps_layout **out);
 void tps_layout_free(tps_layout *L);
@@ -208,6 +226,34 @@ size_t tps_layout_check_count(const tps_layout *L);
 void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
 /* NULL when accepted, else the first failed check's reason. */
 const char *tps_layout_rejected(const tps_layout *L);
+const char *tps_layout_name(const tps_layout *L);   /* "dtensor", "vllm", ... */
+const char *tps_layout_target(const tps_layout *L); /* NULL for dtensor */
+
+/* What each rank file holds: rank tensors (by name), each made of pieces. */
+typedef struct {
+    const char *name;
+    tps_dtype dtype;
+    int ndim;
+    const uint64_t *shape;
+    uint64_t nbytes;
+    size_t npieces;
+    const char *rule; /* the plan pattern or layout rule that made it, or NULL */
+} tps_rank_tensor_view;
+
+typedef struct {
+    const char *kind;   /* "source", "zeros" or "constant" */
+    uint64_t at;        /* byte offset in the rank tensor */
+    uint64_t nbytes;
+    const char *source; /* source: the source tensor */
+    int dim;            /* source: rows [lo, hi) along dim; -1 the whole tensor */
+    uint64_t lo, hi;
+    int replica;        /* source: a copy of bytes another rank holds as well */
+    double value;       /* constant: every element */
+} tps_piece_view;
+
+size_t tps_layout_rank_tensor_count(const tps_layout *L, int rank);
+void tps_layout_rank_tensor(const tps_layout *L, int rank, size_t i, tps_rank_tensor_view *v);
+void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tps_piece_view *v);
 
 /* ------------------------------------------------------------------ split */
 
