@@ -71,6 +71,11 @@ void jw_kbool(const char *k, int v);
 int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
                             const char *family, tps_ckpt **ck, tps_plan **plan);
 int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
+/* --layout NAME|FILE: NULL for dtensor. Returns 0 or the exit status after
+ * printing the error. */
+int cli_open_layout(tps_ctx *ctx, const char *layout, tps_layout_spec **spec);
+/* "tpshard: error: plan|layout X rejects tp N: why" on stderr. */
+void cli_report_rejection(const tps_plan *plan, const tps_layout *L);
 
 /* Subcommands: each returns the exit status. */
 int cmd_inspect(int argc, char **argv);

@@ -7,17 +7,20 @@
 #include "cli.h"
 
 const char usage_plan[] =
-    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--list] [--json]\n"
+    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--list] "
+    "[--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
     "the replication overhead, and every check against config.json with its verdict.\n"
-    "Exits 1 when a check rejects the split.\n"
+    "With a serving layout, also every rank file's tensors and where each of their\n"
+    "bytes comes from. Exits 1 when a check rejects the split.\n"
     "\n"
     "  --tp N          tensor-parallel size (1..4096)\n"
     "  --plan FILE     a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
-    "  --list          list the built-in plans and exit\n"
+    "  --layout L      dtensor (default), vllm, sglang, or a layout file\n"
+    "  --list          list the built-in plans and layouts and exit\n"
     "  --json          one JSON document on stdout\n"
     "  -q, -v          quieter, more verbose\n"
     "  -h, --help      this text\n";
@@ -43,11 +46,79 @@ static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char 
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
+void cli_report_rejection(const tps_plan *plan, const tps_layout *L)
+{
+    if (tps_layout_target(L))
+        fprintf(stderr, "tpshard: error: layout %s rejects tp %d: %s\n", tps_layout_name(L),
+                tps_layout_tp(L), tps_layout_rejected(L));
+    else
+        fprintf(stderr, "tpshard: error: plan %s rejects tp %d: %s\n", tps_plan_name(plan),
+                tps_layout_tp(L), tps_layout_rejected(L));
+}
+
+int cli_open_layout(tps_ctx *ctx, const char *layout, tps_layout_spec **spec)
+{
+    *spec = NULL;
+    if (!layout || !strcmp(layout, "dtensor")) return 0;
+    /* a name without a slash or .yaml is a built-in layout */
+    tps_err e = strchr(layout, '/') || strstr(layout, ".yaml") || strstr(layout, ".yml")
+                    ? tps_layout_spec_load(ctx, layout, spec)
+                    : tps_layout_spec_builtin(ctx, layout, spec);
+    return e ? cli_lib_error(ctx, e) : 0;
+}
+
+/* Where a rank tensor's bytes come from, e.g.
+ * "q_proj.weight[0:64) + k_proj.weight[32:64) + v_proj.weight[32:64)". */
+static void pieces_desc(const tps_layout *L, int r, size_t k, size_t npieces, char *buf, size_t len)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (size_t j = 0; j < npieces && o < len; j++) {
+        tps_piece_view p;
+        tps_layout_rank_piece(L, r, k, j, &p);
+        const char *sep = j ? " + " : "";
+        if (!strcmp(p.kind, "source")) {
+            if (p.dim < 0)
+                o += (size_t)snprintf(buf + o, len - o, "%s%s", sep, p.source);
+            else
+                o += (size_t)snprintf(buf + o, len - o, "%s%s%s[%llu:%llu)", sep, p.source,
+                                      p.dim ? "[:]" : "", (unsigned long long)p.lo,
+                                      (unsigned long long)p.hi);
+        } else if (!strcmp(p.kind, "zeros")) {
+            char h[32];
+            o += (size_t)snprintf(buf + o, len - o, "%szeros (%s)", sep, cli_human(p.nbytes, h, sizeof h));
+        } else {
+            o += (size_t)snprintf(buf + o, len - o, "%s%g", sep, p.value);
+        }
+    }
+}
+
+static void print_rank_tensors(const tps_layout *L, int r)
+{
+    size_t n = tps_layout_rank_tensor_count(L, r), w = 6;
+    for (size_t k = 0; k < n; k++) {
+        tps_rank_tensor_view v;
+        tps_layout_rank_tensor(L, r, k, &v);
+        if (strlen(v.name) > w) w = strlen(v.name);
+    }
+    printf("\nrank %d holds:\n", r);
+    char sh[128], src[2048];
+    for (size_t k = 0; k < n; k++) {
+        tps_rank_tensor_view v;
+        tps_layout_rank_tensor(L, r, k, &v);
+        shape_into(v.shape, v.ndim, -1, 0, sh, sizeof sh);
+        pieces_desc(L, r, k, v.npieces, src, sizeof src);
+        printf("  %-*s  %-5s %-14s <- %s\n", (int)w, v.name, tps_dtype_name(v.dtype), sh, src);
+    }
+}
+
+
 /* "[63,64] x3, [61,64]" or "[32,64]" when even. */
 static void local_desc(const tps_layout *L, size_t i, char *buf, size_t len)
 {
     tps_placement_view v;
     tps_layout_placement(L, i, &v);
+    v.dim = tps_layout_dim(L, i);
     if (v.dim < 0) {
         shape_into(v.shape, v.ndim, -1, 0, buf, len);
         return;
@@ -81,11 +152,14 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
     double overhead = total ? (double)(sum - total) / (double)total : 0;
     const char *rej = tps_layout_rejected(L);
     char buf[1024], b1[32], b2[32];
+    const char *target = tps_layout_target(L);
     if (g_json) {
         jw_obj();
         jw_kbool("ok", rej == NULL);
         jw_kstr("model", model);
         jw_kstr("plan", tps_plan_name(plan));
+        jw_kstr("layout", tps_layout_name(L));
+        jw_kstr("target", target);
         jw_kint("tp", tp);
         jw_kstr("rejected", rej);
         jw_key("checks");
@@ -105,6 +179,7 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         for (size_t i = 0; i < n; i++) {
             tps_placement_view v;
             tps_layout_placement(L, i, &v);
+            if (!rej) v.dim = tps_layout_dim(L, i);
             jw_obj();
             jw_kstr("name", v.name);
             jw_kstr("dtype", tps_dtype_name(v.dtype));
@@ -133,13 +208,60 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         jw_arr();
         for (int r = 0; r < tp; r++) jw_uint(tps_layout_rank_bytes(L, r));
         jw_end();
+        if (target) { /* a serving layout: every rank file's tensors and their pieces */
+            jw_key("rank_tensors");
+            jw_arr();
+            for (int r = 0; r < tp; r++)
+                for (size_t k = 0; k < tps_layout_rank_tensor_count(L, r); k++) {
+                    tps_rank_tensor_view rv;
+                    tps_layout_rank_tensor(L, r, k, &rv);
+                    jw_obj();
+                    jw_kint("rank", r);
+                    jw_kstr("name", rv.name);
+                    jw_kstr("dtype", tps_dtype_name(rv.dtype));
+                    jw_key("shape");
+                    jw_arr();
+                    for (int d = 0; d < rv.ndim; d++) jw_uint(rv.shape[d]);
+                    jw_end();
+                    jw_kuint("nbytes", rv.nbytes);
+                    jw_kstr("rule", rv.rule);
+                    jw_key("pieces");
+                    jw_arr();
+                    for (size_t j = 0; j < rv.npieces; j++) {
+                        tps_piece_view p;
+                        tps_layout_rank_piece(L, r, k, j, &p);
+                        jw_obj();
+                        jw_kstr("kind", p.kind);
+                        jw_kuint("at", p.at);
+                        jw_kuint("nbytes", p.nbytes);
+                        if (p.source) {
+                            jw_kstr("source", p.source);
+                            jw_kint("dim", p.dim);
+                            if (p.dim >= 0) {
+                                jw_kuint("lo", p.lo);
+                                jw_kuint("hi", p.hi);
+                            }
+                            jw_kbool("replica", p.replica);
+                        }
+                        if (!strcmp(p.kind, "constant")) jw_knum("value", p.value);
+                        jw_end();
+                    }
+                    jw_end();
+                    jw_end();
+                }
+            jw_end();
+        }
         jw_kuint("source_bytes", total);
         jw_knum("replication_overhead", overhead);
         jw_end();
         jw_done();
         return rej ? 1 : 0;
     }
-    printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
+    if (target)
+        printf("plan %s, layout %s (%s) for %s at tp %d\n\n", tps_plan_name(plan),
+               tps_layout_name(L), target, model, tp);
+    else
+        printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
     size_t w = 6;
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
@@ -151,12 +273,19 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
         tps_layout_placement(L, i, &v);
+        if (!rej) v.dim = tps_layout_dim(L, i);
         char g[128];
         shape_into(v.shape, v.ndim, -1, 0, g, sizeof g);
         local_desc(L, i, buf, sizeof buf);
         if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
         printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, tps_style_name(v.style),
                v.dim >= 0 ? b1 : "Replicate", g, buf);
+    }
+    if (target && !rej) {
+        /* rank 0 and the last rank (uneven vocabularies differ there); -v: every rank */
+        for (int r = 0; r < tp; r++)
+            if (g_display >= 2 || r == 0 || r == tp - 1) print_rank_tensors(L, r);
+        if (tp > 2 && g_display < 2) printf("\n(ranks 1 to %d: tpshard plan -v)\n", tp - 2);
     }
     printf("\nbytes per rank:");
     for (int r = 0; r < tp; r++) printf("%s %d: %s", r ? "," : "", r, cli_human(tps_layout_rank_bytes(L, r), b1, sizeof b1));
@@ -199,6 +328,31 @@ static int list_plans(void)
     }
     if (g_json) {
         jw_end();
+        jw_key("layouts");
+        jw_arr();
+        jw_obj();
+        jw_kstr("name", "dtensor");
+        jw_kstr("target", NULL);
+        jw_end();
+    } else {
+        printf("\nlayouts:\n  %-10s %s\n", "dtensor", "the plan's DTensor shards (default)");
+    }
+    for (size_t i = 0; i < tps_layout_spec_builtin_count(); i++) {
+        tps_layout_spec *sp = NULL;
+        const char *name = tps_layout_spec_builtin_name(i);
+        tps_layout_spec_builtin(ctx, name, &sp);
+        if (g_json) {
+            jw_obj();
+            jw_kstr("name", name);
+            jw_kstr("target", tps_layout_spec_target(sp));
+            jw_end();
+        } else {
+            printf("  %-10s rank files for %s\n", name, sp ? tps_layout_spec_target(sp) : "?");
+        }
+        tps_layout_spec_free(sp);
+    }
+    if (g_json) {
+        jw_end();
         jw_end();
         jw_done();
     }
@@ -211,11 +365,12 @@ int cmd_plan(int argc, char **argv)
     static const struct option opts[] = {
         {"tp", required_argument, 0, 't'},   {"plan", required_argument, 0, 'p'},
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
+        {"layout", required_argument, 0, 'L'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
         {0, 0, 0, 0}};
     long tp = 0;
-    const char *plan_file = NULL, *family = NULL;
+    const char *plan_file = NULL, *family = NULL, *layout = NULL;
     int list = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
@@ -226,6 +381,7 @@ int cmd_plan(int argc, char **argv)
         case 'p': plan_file = optarg; break;
         case 'f': family = optarg; break;
         case 'l': list = 1; break;
+        case 'L': layout = optarg; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -240,15 +396,17 @@ int cmd_plan(int argc, char **argv)
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;
     tps_layout *L = NULL;
+    tps_layout_spec *spec = NULL;
     int status = cli_open_model_and_plan(ctx, argv[optind], plan_file, family, &ck, &plan);
+    if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (!status) {
-        tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
+        tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
-            fprintf(stderr, "tpshard: error: plan %s rejects tp %ld: %s\n", tps_plan_name(plan), tp,
-                    tps_layout_rejected(L));
+            cli_report_rejection(plan, L);
     }
     tps_layout_free(L);
+    tps_layout_spec_free(spec);
     tps_plan_free(plan);
     tps_ckpt_free(ck);
     tps_ctx_free(ctx);

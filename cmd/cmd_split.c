@@ -7,18 +7,21 @@
 #include "cli.h"
 
 const char usage_split[] =
-    "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--ranks LIST] "
-    "[--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] [-q | -v] [--json]\n"
+    "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
+    "[--ranks LIST] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] "
+    "[-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
-    "shard PyTorch DTensor gives that rank, then the manifest tpshard.json, and\n"
-    "copies config.json and the tokenizer files. Nothing is written when the plan\n"
-    "rejects the model.\n"
+    "shard PyTorch DTensor gives that rank (or, with --layout vllm|sglang, the\n"
+    "parameters that engine's sharded_state loader reads), then the manifest\n"
+    "tpshard.json, and copies config.json and the tokenizer files. Nothing is\n"
+    "written when the plan or the layout rejects the model.\n"
     "\n"
     "  --tp N               tensor-parallel size (1..4096)\n"
     "  -o, --output DIR     output directory; default <name>-tp<N> beside MODEL\n"
     "  --plan FILE          a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME        a built-in plan by name; default: detected from config.json\n"
+    "  --layout L           dtensor (default), vllm, sglang, or a layout file\n"
     "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
     "  --threads N          worker threads; default: all cores\n"
     "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
@@ -34,13 +37,14 @@ int cmd_split(int argc, char **argv)
     static const struct option opts[] = {
         {"tp", required_argument, 0, 't'},       {"output", required_argument, 0, 'o'},
         {"plan", required_argument, 0, 'p'},     {"family", required_argument, 0, 'f'},
+        {"layout", required_argument, 0, 'L'},
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
         {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     long tp = 0, threads = 0;
-    const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL;
+    const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
     uint64_t max_part = 0;
     int force = 0, dry = 0, no_mmap = 0, c;
     optind = 1;
@@ -52,6 +56,7 @@ int cmd_split(int argc, char **argv)
         case 'o': out = optarg; break;
         case 'p': plan_file = optarg; break;
         case 'f': family = optarg; break;
+        case 'L': layout = optarg; break;
         case 'r': ranks = optarg; break;
         case 'T':
             if (cli_parse_int(usage_split, "--threads", optarg, 1, 1024, &threads)) return 2;
@@ -86,17 +91,19 @@ int cmd_split(int argc, char **argv)
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;
     tps_layout *L = NULL;
+    tps_layout_spec *spec = NULL;
     char *outbuf = NULL;
     int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
+    if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (status) goto done;
-    tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
+    tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
     if (e) {
         status = cli_lib_error(ctx, e);
         goto done;
     }
     if (dry) {
         status = cli_print_plan(model, ck, plan, L);
-        if (status && !g_json) cli_error("plan %s rejects tp %ld: %s", tps_plan_name(plan), tp, tps_layout_rejected(L));
+        if (status && !g_json) cli_report_rejection(plan, L);
         goto done;
     }
     if (!out) {
@@ -125,6 +132,8 @@ int cmd_split(int argc, char **argv)
         jw_kstr("model", model);
         jw_kstr("output", out);
         jw_kstr("plan", tps_plan_name(plan));
+        jw_kstr("layout", tps_layout_name(L));
+        jw_kstr("target", tps_layout_target(L));
         jw_kint("tp", tp);
         jw_kint("ranks_written", res.ranks_written);
         jw_kint("files_written", res.files_written);
@@ -136,14 +145,21 @@ int cmd_split(int argc, char **argv)
         jw_end();
         jw_done();
     } else if (g_display >= 1) {
-        printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s)\n", res.files_written,
-               res.files_written == 1 ? "" : "s", cli_human(res.bytes_written, b1, sizeof b1),
-               res.ranks_written, tp, out, tps_plan_name(plan));
+        if (tps_layout_target(L))
+            printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s, layout %s for %s)\n",
+                   res.files_written, res.files_written == 1 ? "" : "s",
+                   cli_human(res.bytes_written, b1, sizeof b1), res.ranks_written, tp, out,
+                   tps_plan_name(plan), tps_layout_name(L), tps_layout_target(L));
+        else
+            printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s)\n", res.files_written,
+                   res.files_written == 1 ? "" : "s", cli_human(res.bytes_written, b1, sizeof b1),
+                   res.ranks_written, tp, out, tps_plan_name(plan));
     }
 done:
     free(mask);
     free(outbuf);
     tps_layout_free(L);
+    tps_layout_spec_free(spec);
     tps_plan_free(plan);
     tps_ckpt_free(ck);
     tps_ctx_free(ctx);

@@ -941,13 +941,28 @@ void tps_layout_placement(const tps_layout *L, size_t i, tps_placement_view *v)
 
 void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, uint64_t *len)
 {
-    const tps_ctensor *t = &L->ck->t[L->p[i].t];
-    if (L->p[i].dim < 0) {
-        *start = 0;
-        *len = 0;
+    *start = *len = 0;
+    if (L->src_piece0) { /* the compiled layout: rank's first piece of tensor i */
+        for (size_t k = L->src_piece0[i]; k < L->src_piece0[i + 1]; k++) {
+            const tps_lpiece *p = &L->pieces[L->src_pieces[k]];
+            const tps_region *g = &L->regions[p->region];
+            if (p->rank != rank) continue;
+            if (g->dim >= 0) {
+                *start = g->lo;
+                *len = g->hi - g->lo;
+            }
+            return;
+        }
         return;
     }
-    tps_chunk(t->shape[L->p[i].dim], L->tp, rank, start, len);
+    const tps_ctensor *t = &L->ck->t[L->p[i].t];
+    if (L->p[i].dim >= 0) tps_chunk(t->shape[L->p[i].dim], L->tp, rank, start, len);
+}
+
+int tps_layout_dim(const tps_layout *L, size_t i)
+{
+    if (!L->src_piece0) return L->p[i].dim;
+    return L->regions[L->pieces[L->src_pieces[L->src_piece0[i]]].region].dim;
 }
 
 /* Bytes of tensor i on rank r: its pieces there (the DTensor shard, or what

@@ -219,8 +219,12 @@ void tps_layout_free(tps_layout *L);
 int tps_layout_tp(const tps_layout *L);
 size_t tps_layout_count(const tps_layout *L);
 void tps_layout_placement(const tps_layout *L, size_t i, tps_placement_view *v);
-/* Local extent of tensor i on rank r along its shard dim: [start, start+len). */
+/* Local extent of tensor i on rank r along its shard dim: [start, start+len)
+ * (a serving layout: the rank's first piece of it). */
 void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, uint64_t *len);
+/* The dim tensor i is cut along in the rank files (-1: whole on every rank);
+ * a serving layout may differ from the plan's placement (replicate overrides). */
+int tps_layout_dim(const tps_layout *L, size_t i);
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank);
 size_t tps_layout_check_count(const tps_layout *L);
 void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
