@@ -35,6 +35,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     for (size_t i = 0; i < ck->n; i++) {
         free(ck->t[i].placement);
     }
+    for (size_t i = 0; i < ck->nrts; i++) free(ck->rts[i].fills);
+    free(ck->rts);
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
@@ -295,6 +297,7 @@ static const tps_st_tensor_info *find_in_file(const tps_cfile *f, const char *na
 static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
 {
     size_t *rank_files = NULL, *rank_start = NULL;
+    unsigned char **seen = NULL;
     tps_err rc = TPS_OK;
     TPS_CHECK(load_json_file(ctx, mpath, &ck->manifest));
     const cJSON *m = ck->manifest;
@@ -303,8 +306,24 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     TPS_FAIL_IF(!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "tpshard"), ctx, TPS_E_JSON,
                 "%s: not a tpshard manifest (format is not \"tpshard\")", mpath);
     const cJSON *ver = cJSON_GetObjectItemCaseSensitive(m, "version");
-    TPS_FAIL_IF(!cJSON_IsNumber(ver) || ver->valueint != TPS_MANIFEST_FORMAT, ctx, TPS_E_JSON,
-                "%s: manifest version is not %d", mpath, TPS_MANIFEST_FORMAT);
+    TPS_FAIL_IF(!cJSON_IsNumber(ver) || (ver->valueint != TPS_MANIFEST_FORMAT &&
+                                         ver->valueint != TPS_MANIFEST_FORMAT_LAYOUT),
+                ctx, TPS_E_JSON, "%s: manifest version is not %d or %d", mpath,
+                TPS_MANIFEST_FORMAT, TPS_MANIFEST_FORMAT_LAYOUT);
+    int v2 = ver->valueint == TPS_MANIFEST_FORMAT_LAYOUT;
+    ck->layout_name = "dtensor";
+    if (v2) {
+        const cJSON *lay = cJSON_GetObjectItemCaseSensitive(m, "layout");
+        const cJSON *ln = cJSON_GetObjectItemCaseSensitive(lay, "name");
+        const cJSON *lt = cJSON_GetObjectItemCaseSensitive(lay, "target");
+        const cJSON *lx = cJSON_GetObjectItemCaseSensitive(lay, "text");
+        TPS_FAIL_IF(!cJSON_IsString(ln) || !cJSON_IsString(lt), ctx, TPS_E_JSON,
+                    "%s: a version %d manifest needs layout.name and layout.target", mpath,
+                    TPS_MANIFEST_FORMAT_LAYOUT);
+        ck->layout_name = ln->valuestring;
+        ck->layout_target = lt->valuestring;
+        ck->layout_text = cJSON_IsString(lx) ? lx->valuestring : NULL;
+    }
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
     TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
                 TPS_E_JSON, "%s: tp is missing or out of range", mpath);
@@ -393,13 +412,27 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         }
         free(fill);
     }
+    seen = tps_xcalloc(ck->nfiles ? ck->nfiles : 1, sizeof *seen);
+    TPS_FAIL_IF(!seen, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t fi = 0; fi < ck->nfiles; fi++) {
+        seen[fi] = tps_xcalloc(ck->files[fi].st->n ? ck->files[fi].st->n : 1, 1);
+        TPS_FAIL_IF(!seen[fi], ctx, TPS_E_NOMEM, "out of memory");
+    }
     /* Tensors. */
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
     TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
-    size_t nt = (size_t)cJSON_GetArraySize(ts);
+    size_t nt = (size_t)cJSON_GetArraySize(ts), nent = 0;
+    for (const cJSON *e = ts->child; e; e = e->next) {
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+        nent += cJSON_IsArray(rs) ? (size_t)cJSON_GetArraySize(rs) : 0;
+    }
+    TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
+                "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
+                TPS_MAX_MANIFEST_ENTRIES);
     TPS_CHECK(grow_tensors(ctx, ck, nt));
-    tps_piece *pool = new_pool(ctx, ck, nt * (size_t)ck->tp);
+    tps_piece *pool = new_pool(ctx, ck, nent ? nent : 1);
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
+    size_t used = 0;
     for (const cJSON *e = ts->child; e; e = e->next) {
         tps_ctensor *t = &ck->t[ck->n++];
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
@@ -426,31 +459,44 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         int ovf, mis;
         t->nbytes = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
         TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: tensor '%s': bad size", mpath, t->name);
-        TPS_FAIL_IF(!cJSON_IsArray(rs) || cJSON_GetArraySize(rs) != ck->tp, ctx, TPS_E_JSON,
+        TPS_FAIL_IF(!cJSON_IsArray(rs) || (!v2 && cJSON_GetArraySize(rs) != ck->tp), ctx, TPS_E_JSON,
                     "%s: tensor '%s': ranks must list all %d ranks", mpath, t->name, ck->tp);
-        t->pieces = pool + (ck->n - 1) * (size_t)ck->tp;
         TPS_FAIL_IF(!t->placement, ctx, TPS_E_NOMEM, "out of memory");
+        size_t nr = (size_t)cJSON_GetArraySize(rs);
+        t->pieces = pool + used;
+        used += nr;
+        /* primaries first, replicas at the end of this tensor's share */
+        tps_piece *reps = t->pieces + nr;
         uint64_t expect_lo = 0;
         for (const cJSON *r = rs->child; r; r = r->next) {
             const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
             const cJSON *fn = cJSON_GetObjectItemCaseSensitive(r, "file");
             const cJSON *off = cJSON_GetObjectItemCaseSensitive(r, "offset");
             const cJSON *crc = cJSON_GetObjectItemCaseSensitive(r, "crc32");
-            uint64_t lshape[TPS_MAX_DIMS];
+            const cJSON *hold = cJSON_GetObjectItemCaseSensitive(r, "tensor");
+            const cJSON *atj = cJSON_GetObjectItemCaseSensitive(r, "at");
+            int replica = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "replica"));
+            uint64_t lshape[TPS_MAX_DIMS], at = 0;
             int lnd = 0;
             uint64_t lo = 0;
             TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->tp ||
                             !cJSON_IsString(fn) ||
                             !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
-                            lnd != t->ndim || !json_u64(off, &lo),
+                            lnd != t->ndim || !json_u64(off, &lo) ||
+                            (hold && (!v2 || !cJSON_IsString(hold))) ||
+                            (atj && (!v2 || !json_u64(atj, &at))) || (replica && (!v2 || t->dim < 0)),
                         ctx, TPS_E_JSON, "%s: tensor '%s': malformed ranks[] entry", mpath, t->name);
             int rank = rr->valueint;
+            const char *holder = hold ? hold->valuestring : t->name;
             /* Local shape must be the global one but along dim. */
             for (int d = 0; d < t->ndim; d++)
                 TPS_FAIL_IF(d != t->dim && lshape[d] != t->shape[d], ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': rank %d's shape disagrees with the global shape",
                             mpath, t->name, rank);
-            if (t->dim >= 0) {
+            TPS_FAIL_IF(t->dim >= 0 && (lo > t->shape[t->dim] || lshape[t->dim] > t->shape[t->dim] - lo),
+                        ctx, TPS_E_MISMATCH, "%s: tensor '%s': rank %d's rows run past the tensor",
+                        mpath, t->name, rank);
+            if (t->dim >= 0 && !v2) {
                 TPS_FAIL_IF(lo != expect_lo, ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': rank %d starts at %llu along dim %d, expected %llu "
                             "(shards must cover the dim exactly once, in rank order)",
@@ -467,44 +513,155 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                         "%s: tensor '%s': rank %d's file %s is not among the rank files", mpath,
                         t->name, rank, fn->valuestring);
             const tps_st *st = ck->files[fi].st;
-            const tps_st_tensor_info *si = find_in_file(&ck->files[fi], t->name);
+            const tps_st_tensor_info *si = find_in_file(&ck->files[fi], holder);
             TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
-                        ck->files[fi].path, t->name);
+                        ck->files[fi].path, holder);
+            seen[fi][si - st->t] = 1;
             TPS_FAIL_IF(si->dtype != t->dtype, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s' is %s but the manifest says %s", ck->files[fi].path,
-                        t->name, tps_dtype_name(si->dtype), tps_dtype_name(t->dtype));
-            int same = si->ndim == lnd;
-            for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
-            TPS_FAIL_IF(!same, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s' has a shape other than the manifest's for rank %d",
-                        ck->files[fi].path, t->name, rank);
-            tps_piece *pc = &t->pieces[t->npieces++];
+                        holder, tps_dtype_name(si->dtype), tps_dtype_name(t->dtype));
+            uint64_t pbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
+            if (!hold && !at) {
+                int same = si->ndim == lnd;
+                for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
+                TPS_FAIL_IF(!same && !v2, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s' has a shape other than the manifest's for rank %d",
+                            ck->files[fi].path, t->name, rank);
+            }
+            TPS_FAIL_IF(ovf || mis || at > si->end - si->begin || pbytes > si->end - si->begin - at,
+                        ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': rank %d's piece of %llu bytes at %llu does not fit in "
+                        "'%s' (%llu bytes)",
+                        ck->files[fi].path, t->name, rank, (unsigned long long)pbytes,
+                        (unsigned long long)at, holder, (unsigned long long)(si->end - si->begin));
+            tps_piece *pc = replica ? --reps : &t->pieces[t->npieces++];
+            if (replica) t->nreplicas++;
             pc->file = (int)fi;
             pc->rank = rank;
-            pc->off = st->data_start + si->begin;
-            pc->nbytes = si->end - si->begin;
+            pc->off = st->data_start + si->begin + at;
+            pc->nbytes = pbytes;
             pc->lo = lo;
             pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
+            pc->holder = holder;
+            pc->at = at;
             uint64_t c;
             if (json_u64(crc, &c) && c <= 0xFFFFFFFFu) {
                 pc->crc = (uint32_t)c;
                 pc->has_crc = 1;
             }
         }
+        t->replicas = reps;
+        if (t->dim >= 0 && v2) {
+            /* Primaries tile the dim exactly once (in any rank order). */
+            for (int a = 1; a < t->npieces; a++)
+                for (int b = a; b > 0 && t->pieces[b - 1].lo > t->pieces[b].lo; b--) {
+                    tps_piece tmp = t->pieces[b];
+                    t->pieces[b] = t->pieces[b - 1];
+                    t->pieces[b - 1] = tmp;
+                }
+            int complete = 1;
+            for (const cJSON *r = rs->child; r; r = r->next) {
+                const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
+                if (!ck->rank_present[rr->valueint]) complete = 0;
+            }
+            for (int a = 0; complete && a < t->npieces; a++) {
+                TPS_FAIL_IF(t->pieces[a].lo != expect_lo, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': its pieces along dim %d leave a gap or overlap at %llu "
+                            "(each row must be held once, replicas aside)",
+                            mpath, t->name, t->dim, (unsigned long long)expect_lo);
+                expect_lo = t->pieces[a].hi;
+            }
+            if (!complete) expect_lo = t->shape[t->dim];
+        }
         if (t->dim >= 0)
             TPS_FAIL_IF(expect_lo != t->shape[t->dim], ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': shards cover %llu of %llu along dim %d", mpath, t->name,
                         (unsigned long long)expect_lo, (unsigned long long)t->shape[t->dim], t->dim);
     }
+    /* A serving layout's other rank tensors: fused, padded, constant. */
+    const cJSON *rts = cJSON_GetObjectItemCaseSensitive(m, "rank_tensors");
+    if (v2 && cJSON_IsArray(rts)) {
+        size_t nrt = (size_t)cJSON_GetArraySize(rts);
+        TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
+        ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
+        TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
+        for (const cJSON *e = rts->child; e; e = e->next) {
+            tps_crtensor *rt = &ck->rts[ck->nrts++];
+            const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
+            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+            const cJSON *fn = cJSON_GetObjectItemCaseSensitive(e, "file");
+            const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+            const cJSON *ps = cJSON_GetObjectItemCaseSensitive(e, "pieces");
+            uint64_t shape[TPS_MAX_DIMS];
+            int nd = 0, ovf = 0, mis = 0;
+            rt->file = -1;
+            TPS_FAIL_IF(!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= ck->tp ||
+                            !cJSON_IsString(nm) || !cJSON_IsString(fn) || !cJSON_IsString(dt) ||
+                            tps_dtype_from_name(dt->valuestring, &rt->dtype) ||
+                            !json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, &nd) ||
+                            !cJSON_IsArray(ps),
+                        ctx, TPS_E_JSON, "%s: malformed rank_tensors entry", mpath);
+            rt->name = nm->valuestring;
+            rt->rank = rk->valueint;
+            rt->nbytes = tps_nbytes(rt->dtype, shape, nd, &ovf, &mis);
+            TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: rank tensor '%s': bad size", mpath, rt->name);
+            rt->nfills = (size_t)cJSON_GetArraySize(ps);
+            rt->fills = tps_xcalloc(rt->nfills ? rt->nfills : 1, sizeof *rt->fills);
+            TPS_FAIL_IF(!rt->fills, ctx, TPS_E_NOMEM, "out of memory");
+            size_t k = 0;
+            for (const cJSON *p = ps->child; p; p = p->next, k++) {
+                tps_fill *fl = &rt->fills[k];
+                const cJSON *sj = cJSON_GetObjectItemCaseSensitive(p, "source");
+                const cJSON *val = cJSON_GetObjectItemCaseSensitive(p, "value");
+                TPS_FAIL_IF(!json_u64(cJSON_GetObjectItemCaseSensitive(p, "at"), &fl->at) ||
+                                !json_u64(cJSON_GetObjectItemCaseSensitive(p, "nbytes"), &fl->nbytes),
+                            ctx, TPS_E_JSON, "%s: rank tensor '%s': malformed piece", mpath, rt->name);
+                if (cJSON_IsString(sj)) {
+                    fl->kind = TPS_FILL_SOURCE;
+                    fl->source = sj->valuestring;
+                } else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "zeros"))) {
+                    fl->kind = TPS_FILL_ZEROS;
+                } else {
+                    TPS_FAIL_IF(!cJSON_IsNumber(val), ctx, TPS_E_JSON,
+                                "%s: rank tensor '%s': a piece is neither source, zeros nor value",
+                                mpath, rt->name);
+                    fl->kind = TPS_FILL_VALUE;
+                    fl->value = val->valuedouble;
+                }
+            }
+            if (!ck->rank_present[rt->rank]) continue;
+            size_t fi = ck->nfiles;
+            for (size_t j = rank_start[rt->rank]; j < rank_start[rt->rank + 1]; j++)
+                if (strcmp(ck->files[rank_files[j]].name, fn->valuestring) == 0) fi = rank_files[j];
+            TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
+                        "%s: rank tensor '%s': rank %d's file %s is not among the rank files", mpath,
+                        rt->name, rt->rank, fn->valuestring);
+            const tps_st_tensor_info *si = find_in_file(&ck->files[fi], rt->name);
+            TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
+                        ck->files[fi].path, rt->name);
+            seen[fi][si - ck->files[fi].st->t] = 1;
+            int same = si->dtype == rt->dtype && si->ndim == nd;
+            for (int d = 0; same && d < nd; d++) same = si->shape[d] == shape[d];
+            TPS_FAIL_IF(!same, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s' has a dtype or shape other than the manifest's",
+                        ck->files[fi].path, rt->name);
+            rt->file = (int)fi;
+            rt->off = ck->files[fi].st->data_start + si->begin;
+        }
+    }
     TPS_CHECK(sort_and_dedup(ctx, ck));
-    /* A rank file must hold nothing the manifest does not know. */
+    /* A rank file must hold nothing the manifest does not know: every one of
+     * its tensors holds a piece of a source tensor or is one of its rank's
+     * rank_tensors (marked in `seen` as they were found). */
     for (size_t fi = 0; fi < ck->nfiles; fi++) {
         const tps_st *st = ck->files[fi].st;
         for (size_t k = 0; k < st->n; k++)
-            TPS_FAIL_IF(tps_ckpt_find(ck, st->t[k].name) < 0, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s' is not in the manifest", ck->files[fi].path, st->t[k].name);
+            TPS_FAIL_IF(!seen[fi][k], ctx, TPS_E_MISMATCH, "%s: tensor '%s' is not in the manifest",
+                        ck->files[fi].path, st->t[k].name);
     }
 out:
+    for (size_t fi = 0; seen && fi < ck->nfiles; fi++) free(seen[fi]);
+    free(seen);
     free(rank_files);
     free(rank_start);
     return rc;

@@ -180,7 +180,30 @@ typedef struct {
     uint64_t nbytes;
     uint32_t crc;     /* sharded dirs: manifest CRC32; else 0 */
     int has_crc;
+    const char *holder; /* sharded dirs: the rank tensor holding it (a serving
+                         * layout's fused or padded tensor), or the tensor's own name */
+    uint64_t at;        /* its byte offset in that rank tensor */
 } tps_piece;
+
+/* A serving layout's rank tensor that is not one piece of a source tensor
+ * (manifest rank_tensors): what each of its bytes is. */
+typedef enum { TPS_FILL_SOURCE = 0, TPS_FILL_ZEROS, TPS_FILL_VALUE } tps_fill_kind;
+typedef struct {
+    tps_fill_kind kind;
+    uint64_t at, nbytes;
+    const char *source; /* SOURCE: the source tensor */
+    double value;       /* VALUE */
+} tps_fill;
+typedef struct {
+    const char *name;
+    int rank;
+    int file;          /* index into ck->files, -1 when the rank is absent */
+    tps_dtype dtype;
+    uint64_t off;      /* absolute offset of its bytes in that file */
+    uint64_t nbytes;
+    tps_fill *fills;   /* sorted by at */
+    size_t nfills;
+} tps_crtensor;
 
 /* name and origin are borrowed from strings the checkpoint keeps anyway (the
  * file's header table, the manifest, the origins list); pieces come from the
@@ -194,6 +217,8 @@ typedef struct {
     int dim;            /* pieces concatenated along dim; -1: each piece is the whole tensor */
     int npieces;
     tps_piece *pieces;  /* dim >= 0: sorted by lo; dim < 0: one per rank (piece 0 is read) */
+    int nreplicas;      /* dim >= 0, serving layouts: copies of primary pieces on other ranks */
+    tps_piece *replicas;
     const char *origin; /* the original file name it belongs to (merge) */
     char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
 } tps_ctensor;
@@ -228,6 +253,11 @@ struct tps_ckpt {
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
     unsigned char *rank_written; /* sharded dirs: tp entries, the manifest says written */
     char *plan_name;    /* sharded dirs: plan recorded in the manifest */
+    const char *layout_name;   /* sharded dirs: "dtensor", "vllm"... (borrowed from the manifest) */
+    const char *layout_target; /* NULL for dtensor */
+    const char *layout_text;   /* the layout file the split used, or NULL */
+    tps_crtensor *rts;  /* sharded dirs: rank_tensors of the manifest */
+    size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
 };

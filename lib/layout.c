@@ -215,6 +215,7 @@ typedef struct {
     int tp;
     size_t cap_rt;
     unsigned char *used; /* per source tensor: placed */
+    size_t *last, *next; /* per source tensor its newest region; per region the one before */
     char why[1024];      /* the first refusal */
 } cstate;
 
@@ -285,11 +286,9 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
                          int *fresh)
 {
     tps_layout *L = C->L;
-    /* Replicas are made right after their primary, by the same tensor's
-     * loop: a backwards scan over that tensor's regions finds them. */
-    for (size_t k = L->nregions; k-- > 0;) {
+    /* The tensor's regions so far, newest first (a chain through `next`). */
+    for (size_t k = C->last[src]; k != SIZE_MAX; k = C->next[k]) {
         const tps_region *g = &L->regions[k];
-        if (g->src != src) break;
         if (g->dim == dim && g->lo == lo && g->hi == hi) {
             *out = k;
             *fresh = 0;
@@ -299,10 +298,17 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
     if (L->nregions == L->cap_regions) {
         size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
         tps_region *n = realloc(L->regions, cap * sizeof *n);
-        if (!n) return nomem(C);
+        size_t *nx = realloc(C->next, cap * sizeof *nx);
+        if (nx) C->next = nx;
+        if (!n || !nx) {
+            if (n) L->regions = n;
+            return nomem(C);
+        }
         L->regions = n;
         L->cap_regions = cap;
     }
+    C->next[L->nregions] = C->last[src];
+    C->last[src] = L->nregions;
     tps_region *g = &L->regions[L->nregions];
     *g = (tps_region){.src = src, .dim = dim, .lo = lo, .hi = hi};
     uint64_t outer, row, s, l;
@@ -732,10 +738,50 @@ static int tied_flag(const cJSON *config)
     return -1;
 }
 
+static int region_cmp(const void *a, const void *b, void *arg)
+{
+    const tps_region *R = arg;
+    const tps_region *x = &R[*(const size_t *)a], *y = &R[*(const size_t *)b];
+    if (x->src != y->src) return x->src < y->src ? -1 : 1;
+    if (x->lo != y->lo) return x->lo < y->lo ? -1 : 1;
+    return 0;
+}
+
+/* Regions in source order (tensor, then rows): a tensor's regions are then
+ * consecutive, as the copy engine wants for strided reads. */
+static tps_err sort_regions(cstate *C)
+{
+    tps_layout *L = C->L;
+    size_t n = L->nregions;
+    size_t *ord = tps_xmalloc((n ? n : 1) * sizeof *ord), *pos = tps_xmalloc((n ? n : 1) * sizeof *pos);
+    tps_region *nr = tps_xmalloc((n ? n : 1) * sizeof *nr);
+    if (!ord || !pos || !nr) {
+        free(ord);
+        free(pos);
+        free(nr);
+        return nomem(C);
+    }
+    for (size_t k = 0; k < n; k++) ord[k] = k;
+    qsort_r(ord, n, sizeof *ord, region_cmp, L->regions);
+    for (size_t k = 0; k < n; k++) {
+        nr[k] = L->regions[ord[k]];
+        pos[ord[k]] = k;
+    }
+    for (size_t pi = 0; pi < L->npieces; pi++)
+        if (L->pieces[pi].kind == TPS_PK_SRC) L->pieces[pi].region = pos[L->pieces[pi].region];
+    free(L->regions);
+    L->regions = nr;
+    L->cap_regions = n;
+    free(ord);
+    free(pos);
+    return TPS_OK;
+}
+
 static tps_err finish(cstate *C)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
+    TPS_TRY(sort_regions(C));
     /* Rank tensors sorted by rank, then name; pieces stay where they are
      * (each tensor keeps its piece0/npieces). */
     qsort(L->rt, L->nrt, sizeof *L->rt, rt_cmp);
@@ -805,7 +851,13 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     cstate C = {.ctx = ctx, .L = L, .ck = ck, .tp = L->tp};
     tps_err rc = TPS_OK;
     C.used = tps_xcalloc(ck->n ? ck->n : 1, 1);
-    if (!C.used) return nomem(&C);
+    C.last = tps_xmalloc((ck->n ? ck->n : 1) * sizeof *C.last);
+    if (!C.used || !C.last) {
+        free(C.used);
+        free(C.last);
+        return nomem(&C);
+    }
+    for (size_t i = 0; i < ck->n; i++) C.last[i] = SIZE_MAX;
     if (L->rejected) goto out; /* the plan said no: nothing to lay out */
     if (s) {
         char detail[512];
@@ -919,6 +971,8 @@ out:
     }
     if (!rc && !L->rejected) rc = finish(&C);
     free(C.used);
+    free(C.last);
+    free(C.next);
     return rc;
 }
 

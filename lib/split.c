@@ -742,7 +742,8 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
             mw_shape(f, ls, t->ndim);
             fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)g->lo,
                     (unsigned long long)p->nbytes);
-            if (p->replica) fputs(", \"replica\": true", f);
+            /* dim -1: every piece is the whole tensor, copies by definition */
+            if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
             if (E->slots[rk].file >= 0)
                 fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);
             fputc('}', f);
