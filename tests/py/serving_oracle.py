@@ -106,8 +106,9 @@ def _llama_vllm(c):
 
 FAMILY = {
     # qkv_bias / o_bias / mlp_bias: which biases the engine's modules have.
-    # norms: per-layer norm weights (replicated).  embed: "vocab" (vocab
-    # parallel, padded) or "full" (plain nn.Embedding on every rank).
+    # norms: per-layer norms besides input_layernorm and post_attention_layernorm
+    # (replicated).  embed: "vocab" (vocab parallel, padded) or "full" (plain
+    # nn.Embedding on every rank).
     # head_dim: how the engine derives head_dim from the config.
     ("llama", "vllm"): dict(bias=_llama_vllm, norms=(), embed="vocab", head_dim="config"),
     ("llama", "sglang"): dict(  # sglang LlamaMLP is built with bias=False
@@ -158,22 +159,50 @@ SKIPPED_SUFFIXES = ("rotary_emb.inv_freq",)
 VLLM_ATTN_BUFFERS = ("_k_scale", "_v_scale", "_q_scale", "_prob_scale")
 F32_ONE = struct.pack("<f", 1.0)
 
+# Per decoder layer: (engine name, kind, Hugging Face sources, switch).
+# The prefix model.layers.N. is the same on both sides for these families.
+# kind names a sharder in SHARDERS; switch names a key of the family's bias
+# dict (the rule applies when it is true), "norms" (one rule per entry of the
+# family's norms), or None (always).
+LAYER_RULES = [
+    ("self_attn.qkv_proj.weight", "qkv",
+     ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight"), None),
+    ("self_attn.qkv_proj.bias", "qkv",
+     ("self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"), "qkv_bias"),
+    ("self_attn.o_proj.weight", "row", ("self_attn.o_proj.weight",), None),
+    ("self_attn.o_proj.bias", "replicated", ("self_attn.o_proj.bias",), "o_bias"),
+    ("mlp.gate_up_proj.weight", "merged", ("mlp.gate_proj.weight", "mlp.up_proj.weight"), None),
+    ("mlp.gate_up_proj.bias", "merged", ("mlp.gate_proj.bias", "mlp.up_proj.bias"), "mlp_bias"),
+    ("mlp.down_proj.weight", "row", ("mlp.down_proj.weight",), None),
+    ("mlp.down_proj.bias", "replicated", ("mlp.down_proj.bias",), "mlp_bias"),
+    ("input_layernorm.weight", "replicated", ("input_layernorm.weight",), None),
+    ("post_attention_layernorm.weight", "replicated", ("post_attention_layernorm.weight",), None),
+    ("{norm}.weight", "replicated", ("{norm}.weight",), "norms"),
+]
+# vLLM only: 0-dim float32 buffers per layer, no source (see VLLM_ATTN_BUFFERS).
+LAYER_BUFFERS = {"vllm": [("self_attn.attn." + b, ("F32", [], F32_ONE)) for b in VLLM_ATTN_BUFFERS],
+                 "sglang": []}
+
 # Extension points (not implemented yet):
 #  * block-FP8 (quant_method fp8, weight_block_size [128,128]): each linear's
 #    `X.weight_scale_inv` follows its weight: column-parallel and fused ones
 #    in 128-row blocks per section (qkv: [qS_r; kS_(r//rep); vS_(r//rep)],
 #    vllm linear.py adjust_block_scale_shard), row-parallel in 128-column
-#    blocks; vLLM keeps them as F32 whatever the checkpoint stored.  Add a
-#    COMPANIONS table {".weight_scale_inv": "blocks"} consulted by _linear().
+#    blocks; vLLM keeps them as F32 whatever the checkpoint stored.  Add
+#    "qkv_blocks" / "merged_blocks" / "row_blocks" sharders and a rule per
+#    linear whose sources are the `.weight_scale_inv` twins of the weight rule's.
 #  * compressed-tensors: per-channel `weight_scale` [out,1] follows the weight
-#    rows (row-parallel: whole); per-tensor scales become one F32 slot per
-#    logical part (qkv [3], gate_up [2], o/down [1]); plus the attention's
-#    k/v/q_scale and zero points.
+#    rows ("qkv"/"merged" on [out,1] work as they are; row-parallel: whole);
+#    per-tensor scales become one F32 slot per logical part ("slots" sharder:
+#    qkv [3], gate_up [2], o/down [1]); plus the attention's k/v/q_scale and
+#    zero points as LAYER_BUFFERS-like entries.
 #  * MoE expert stacks (vLLM 0.33): mlp.experts.routed_experts.w13_weight
-#    [E, 2*I/tp, H] = per expert [gate_r; up_r], w2_weight [E, H, I/tp]; a new
-#    "experts" kind beside "qkv"/"merged"/"row".
-#  * Phi-3 packed qkv_proj / gate_up_proj: cut the packed tensor into its
-#    sections (A*D, K*D, K*D) / (I, I) and feed them to _qkv() / _merged().
+#    [E, 2*I/tp, H] = per expert [gate_r; up_r], w2_weight [E, H, I/tp]: an
+#    "experts_merged" sharder (the "merged" rule on dim 1 of each expert,
+#    sources mlp.experts.{e}.gate_proj/up_proj stacked) and "experts_row".
+#  * Phi-3 packed qkv_proj / gate_up_proj: a "packed_qkv" kind that cuts the
+#    packed tensor into its sections (A*D, K*D, K*D) / (I, I) and hands them
+#    to _qkv() / _merged().
 
 
 def text_config(config):
@@ -343,6 +372,16 @@ def _vocab(t, r, tp, layout):
     return _cat0(parts)
 
 
+# kind -> function(sources, rank, geometry) -> (dtype, shape, bytes)
+SHARDERS = {
+    "qkv": lambda s, r, g: _qkv(s[0], s[1], s[2], r, g["tp"], g["A"], g["K"], g["D"]),
+    "merged": lambda s, r, g: _merged(s, r, g["tp"]),
+    "row": lambda s, r, g: _row_parallel(s[0], r, g["tp"]),
+    "vocab": lambda s, r, g: _vocab(s[0], r, g["tp"], g["layout"]),
+    "replicated": lambda s, r, g: s[0],  # whole on every rank (norms, RowParallelLinear biases)
+}
+
+
 # ------------------------------------------------------------------ the state
 
 def expected_ranks(model_dir, layout, tp):
@@ -377,63 +416,41 @@ def expected_ranks_from(config, tensors, layout, tp):
         if got != list(shape):
             raise Unsupported(f"{name}: shape {got}, the config implies {list(shape)}")
 
-    # rules: [(engine name, function(rank) -> tensor)]
-    rules = []
+    geo = dict(tp=tp, A=A, K=K, D=D, layout=layout)
+    rules = []  # [(engine name, function(rank) -> (dtype, shape, bytes))]
 
-    def add(name, fn):
-        rules.append((name, fn))
+    def add(name, kind, sources):
+        ts = [src(x) for x in sources]
+        rules.append((name, lambda r, f=SHARDERS[kind], ts=ts: f(ts, r, geo)))
 
-    rep = lambda t: (lambda r: t)  # noqa: E731  replicated on every rank
-
+    for nm, shp in (("q_proj", A * D), ("k_proj", K * D), ("v_proj", K * D)):
+        for i in range(L):
+            expect_shape(f"model.layers.{i}.self_attn.{nm}.weight", (shp, H))
     for i in range(L):
         p = f"model.layers.{i}."
-        a = p + "self_attn."
-        for nm, shp in (("q_proj", A * D), ("k_proj", K * D), ("v_proj", K * D)):
-            expect_shape(a + nm + ".weight", (shp, H))
-        q, k, v = (src(a + f"{x}_proj.weight") for x in "qkv")
-        add(a + "qkv_proj.weight", lambda r, q=q, k=k, v=v: _qkv(q, k, v, r, tp, A, K, D))
-        if bias["qkv_bias"]:
-            qb, kb, vb = (src(a + f"{x}_proj.bias") for x in "qkv")
-            add(a + "qkv_proj.bias", lambda r, q=qb, k=kb, v=vb: _qkv(q, k, v, r, tp, A, K, D))
-        o = src(a + "o_proj.weight")
-        add(a + "o_proj.weight", lambda r, o=o: _row_parallel(o, r, tp))
-        if bias["o_bias"]:  # RowParallelLinear bias: not parallelized
-            add(a + "o_proj.bias", rep(src(a + "o_proj.bias")))
-        if layout == "vllm":
-            for b in VLLM_ATTN_BUFFERS:
-                add(a + "attn." + b, rep(("F32", [], F32_ONE)))
-        m = p + "mlp."
-        g, u = src(m + "gate_proj.weight"), src(m + "up_proj.weight")
-        add(m + "gate_up_proj.weight", lambda r, g=g, u=u: _merged([g, u], r, tp))
-        if bias["mlp_bias"]:
-            gb, ub = src(m + "gate_proj.bias"), src(m + "up_proj.bias")
-            add(m + "gate_up_proj.bias", lambda r, g=gb, u=ub: _merged([g, u], r, tp))
-        dn = src(m + "down_proj.weight")
-        add(m + "down_proj.weight", lambda r, d=dn: _row_parallel(d, r, tp))
-        if bias["mlp_bias"]:
-            add(m + "down_proj.bias", rep(src(m + "down_proj.bias")))
-        for n in ("input_layernorm", "post_attention_layernorm") + tuple(spec["norms"]):
-            add(p + n + ".weight", rep(src(p + n + ".weight")))
-    add("model.norm.weight", rep(src("model.norm.weight")))
+        for name, kind, sources, switch in LAYER_RULES:
+            if switch == "norms":
+                for n in spec["norms"]:
+                    add(p + name.format(norm=n), kind, [p + x.format(norm=n) for x in sources])
+            elif switch is None or bias[switch]:
+                add(p + name, kind, [p + x for x in sources])
+        for name, t in LAYER_BUFFERS[layout]:
+            rules.append((p + name, lambda r, t=t: t))
+    add("model.norm.weight", "replicated", ["model.norm.weight"])
 
-    def table(t):
-        if spec["embed"] == "full":
-            return rep(t)
-        return lambda r: _vocab(t, r, tp, layout)
-
-    emb = src("model.embed_tokens.weight")
+    # The embedding: vocab parallel (padded), or SGLang Gemma3's plain nn.Embedding.
+    table = "vocab" if spec["embed"] == "vocab" else "replicated"
     expect_shape("model.embed_tokens.weight", (V, H))
     if tied:
         # lm_head shares the embedding's Parameter (vLLM tie_weights, SGLang
         # lm_head = model.embed_tokens); _filter_subtensors keeps the smaller
         # key, "lm_head.weight".
-        add("lm_head.weight", table(emb))
+        add("lm_head.weight", table, ["model.embed_tokens.weight"])
     else:
-        add("model.embed_tokens.weight", table(emb))
-        head = src("lm_head.weight")
+        add("model.embed_tokens.weight", table, ["model.embed_tokens.weight"])
         expect_shape("lm_head.weight", (V, H))
-        # ParallelLMHead is vocab parallel in every family, also SGLang Gemma3's
-        add("lm_head.weight", lambda r, t=head: _vocab(t, r, tp, layout))
+        # ParallelLMHead is vocab parallel in every family, SGLang Gemma3's too
+        add("lm_head.weight", "vocab", ["lm_head.weight"])
 
     left = sorted(n for n in tensors if n not in used and not n.endswith(SKIPPED_SUFFIXES))
     if left:
