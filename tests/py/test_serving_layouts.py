@@ -49,46 +49,43 @@ BOTH = ("vllm", "sglang")
 
 # (label, gen.py family and options, tp values, layouts)
 SPLITS = [
-    ("llama-v250-kv2", ["llama", "--hidden", "64", "--heads", "8", "--kv-heads", "2", "--head-dim", "8",
-                        "--inter", "96", "--vocab", "250"], [1, 2, 4, 8], BOTH),
-    ("llama-tied-bias-f16-v1007", ["llama", "--hidden", "32", "--heads", "4", "--kv-heads", "2",
-                                   "--inter", "64", "--vocab", "1007", "--tied", "--attention-bias",
-                                   "--dtype", "F16"], [2, 4], BOTH),
+    ("llama-v250-kv2", "llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96 --vocab 250",
+     [1, 2, 4, 8], BOTH),
+    ("llama-tied-bias-f16-v1007", "llama --hidden 32 --heads 4 --kv-heads 2 --inter 64 --vocab 1007"
+     " --tied --attention-bias --dtype F16", [2, 4], BOTH),
     # SGLang's LlamaMLP has no biases (it would drop them): vLLM only
-    ("llama-mlp-bias", ["llama", "--hidden", "32", "--heads", "4", "--kv-heads", "4", "--inter", "64",
-                        "--vocab", "100", "--mlp-bias"], [2, 4], ("vllm",)),
-    ("mistral-hd16-v1007-index2", ["mistral", "--hidden", "64", "--heads", "8", "--kv-heads", "2",
-                                   "--head-dim", "16", "--inter", "64", "--vocab", "1007", "--index", "2"],
-     [1, 4, 8], BOTH),
-    ("qwen2-f16-v250", ["qwen2", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--inter", "96",
-                        "--vocab", "250", "--dtype", "F16"], [1, 2, 4], BOTH),
-    ("qwen2-tied-v1007", ["qwen2", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--inter", "64",
-                          "--vocab", "1007", "--tied", "--layers", "3"], [2], BOTH),
-    ("qwen3-tied-v250", ["qwen3", "--hidden", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "32",
-                         "--inter", "96", "--vocab", "250", "--tied"], [1, 2, 4], BOTH),
-    ("qwen3-f32", ["qwen3", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16",
-                   "--inter", "64", "--vocab", "130", "--dtype", "F32"], [2], BOTH),
-    ("gemma3-tied-kv1-v262", ["gemma3", "--gemma3-naming", "causal", "--hidden", "64", "--heads", "4",
-                              "--kv-heads", "1", "--head-dim", "32", "--inter", "96", "--vocab", "262"],
+    ("llama-mlp-bias", "llama --hidden 32 --heads 4 --kv-heads 4 --inter 64 --vocab 100 --mlp-bias",
+     [2, 4], ("vllm",)),
+    ("mistral-hd16-v1007-index2", "mistral --hidden 64 --heads 8 --kv-heads 2 --head-dim 16 --inter 64"
+     " --vocab 1007 --index 2", [1, 4, 8], BOTH),
+    ("qwen2-f16-v250", "qwen2 --hidden 64 --heads 4 --kv-heads 2 --inter 96 --vocab 250 --dtype F16",
      [1, 2, 4], BOTH),
-    ("gemma3-untied", ["gemma3", "--gemma3-naming", "causal", "--untied", "--hidden", "32", "--heads", "4",
-                       "--kv-heads", "2", "--head-dim", "16", "--inter", "64", "--vocab", "200"], [2], BOTH),
+    ("qwen2-tied-v1007", "qwen2 --hidden 32 --heads 4 --kv-heads 2 --inter 64 --vocab 1007 --tied"
+     " --layers 3", [2], BOTH),
+    ("qwen3-tied-v250", "qwen3 --hidden 64 --heads 4 --kv-heads 2 --head-dim 32 --inter 96 --vocab 250"
+     " --tied", [1, 2, 4], BOTH),
+    ("qwen3-f32", "qwen3 --hidden 32 --heads 4 --kv-heads 2 --head-dim 16 --inter 64 --vocab 130"
+     " --dtype F32", [2], BOTH),
+    ("gemma3-tied-kv1-v262", "gemma3 --gemma3-naming causal --hidden 64 --heads 4 --kv-heads 1"
+     " --head-dim 32 --inter 96 --vocab 262", [1, 2, 4], BOTH),
+    ("gemma3-untied", "gemma3 --gemma3-naming causal --untied --hidden 32 --heads 4 --kv-heads 2"
+     " --head-dim 16 --inter 64 --vocab 200", [2], BOTH),
     # 250 rows padded to 256 do not divide by 3: SGLang pads by 64*3 (384
     # rows), vLLM refuses (REFUSALS below)
-    ("llama-tp3-v250", ["llama", "--hidden", "48", "--heads", "6", "--kv-heads", "3", "--head-dim", "8",
-                        "--inter", "96", "--vocab", "250"], [3], ("sglang",)),
+    ("llama-tp3-v250", "llama --hidden 48 --heads 6 --kv-heads 3 --head-dim 8 --inter 96 --vocab 250",
+     [3], ("sglang",)),
 ]
 
-# (label, model (a SPLITS label or gen.py options), tp, layouts, the config field the error names)
+# (label, model: a SPLITS label or gen.py options, tp, layouts, the config field the error names)
 REFUSALS = [
-    ("heads", ["llama", "--hidden", "48", "--heads", "6", "--kv-heads", "1", "--head-dim", "8",
-               "--inter", "96", "--vocab", "256"], 4, BOTH, "num_attention_heads"),
-    ("kv-below-tp", ["llama", "--hidden", "48", "--heads", "12", "--kv-heads", "3", "--head-dim", "4",
-                     "--inter", "96", "--vocab", "256"], 4, BOTH, "num_key_value_heads"),
-    ("kv-above-tp", ["qwen3", "--hidden", "48", "--heads", "12", "--kv-heads", "6", "--head-dim", "4",
-                     "--inter", "96", "--vocab", "256"], 4, BOTH, "num_key_value_heads"),
-    ("intermediate", ["mistral", "--hidden", "32", "--heads", "4", "--kv-heads", "2", "--inter", "90",
-                      "--vocab", "256"], 4, BOTH, "intermediate_size"),
+    ("heads", "llama --hidden 48 --heads 6 --kv-heads 1 --head-dim 8 --inter 96 --vocab 256",
+     4, BOTH, "num_attention_heads"),
+    ("kv-below-tp", "llama --hidden 48 --heads 12 --kv-heads 3 --head-dim 4 --inter 96 --vocab 256",
+     4, BOTH, "num_key_value_heads"),
+    ("kv-above-tp", "qwen3 --hidden 48 --heads 12 --kv-heads 6 --head-dim 4 --inter 96 --vocab 256",
+     4, BOTH, "num_key_value_heads"),
+    ("intermediate", "mistral --hidden 32 --heads 4 --kv-heads 2 --inter 90 --vocab 256",
+     4, BOTH, "intermediate_size"),
     ("vocab", "llama-tp3-v250", 3, ("vllm",), "vocab_size"),
 ]
 
@@ -115,6 +112,7 @@ def tps(*args):
 
 
 def make_model(label, args):
+    args = args.split()
     d = os.path.join(TMP, "m-" + label)
     if not os.path.exists(d):
         gen.main([args[0], d] + args[1:])
@@ -293,7 +291,8 @@ def main():
         return 0
     rc, out, err = tps("split", "-h")
     if "--layout" not in out + err:
-        report(False, "serving layouts: tpshard has no --layout ('tpshard split -h' does not mention it)")
+        report(False, "serving layouts: tpshard has no --layout "
+                      "('tpshard split -h' does not mention it)")
         return 1
     models = {}
     for label, args, tps_, layouts in SPLITS:
@@ -314,7 +313,7 @@ def main():
                            traceback.format_exc())
     for label, model, tp, layouts, field in REFUSALS:
         try:
-            m = models[model] if isinstance(model, str) else make_model("refuse-" + label, model)
+            m = models[model] if model in models else make_model("refuse-" + label, model)
             for layout in layouts:
                 check_refusal(label, m, tp, layout, field)
         except Exception as e:  # noqa: BLE001

@@ -111,8 +111,8 @@ def test_vocab_rules():
     # V = 250: padded to 256 at any power-of-two tp; tp 8 -> 32 per rank,
     # rank 7 holds 224..249 (26 rows) and 6 zero rows; tp 1 pads too.
     got = so.vocab_rows(250, 8, 7, "vllm"), so.vocab_rows(250, 1, 0, "vllm")
-    report(got == ((224, 26, 32), (0, 250, 256)), "vocab 250: tp 8 rank 7 = 26 real + 6 zero; tp 1 = 256 rows",
-           got)
+    report(got == ((224, 26, 32), (0, 250, 256)),
+           "vocab 250: tp 8 rank 7 = 26 real + 6 zero; tp 1 = 256 rows", got)
     # A rank past the real vocabulary holds only zero rows.
     got = so.vocab_rows(100, 4, 3, "vllm")
     report(got == (96, 4, 32), "vocab 100 tp 4: rank 3 = 4 real + 28 zero", got)
@@ -121,8 +121,8 @@ def test_vocab_rules():
     got = so.padded_vocab(250, 3, "sglang"), so.padded_vocab(250, 3, "vllm")
     report(got == (384, 256), "vocab 250 tp 3: SGLang pads to 384 (64*tp), vLLM to 256", got)
     got = [so.vocab_rows(1007, 8, r, "sglang") for r in (0, 7)]
-    report(got == [(0, 128, 128), (896, 111, 128)], "vocab 1007 tp 8: 1024 rows, rank 7 = 111 real + 17 zero",
-           got)
+    report(got == [(0, 128, 128), (896, 111, 128)],
+           "vocab 1007 tp 8: 1024 rows, rank 7 = 111 real + 17 zero", got)
 
 
 def llama_cfg(**kw):
@@ -208,8 +208,8 @@ def test_kv_replication():
         gu = first_col(ranks[r]["model.layers.0.mlp.gate_up_proj.weight"])
         if gu != [4000 + r, 5000 + r]:
             bad.append(f"rank {r}: gate_up rows {gu}")
-    report(not bad, "kv 2 at tp 8: rank r holds query head r and KV head r // 4 whole; gate_up = [gate_r; up_r]",
-           "\n".join(bad))
+    report(not bad, "kv 2 at tp 8: rank r holds query head r and KV head r // 4 whole;"
+           " gate_up = [gate_r; up_r]", "\n".join(bad))
     ranks = so.expected_ranks_from(cfg, ts, "sglang", 2)
     got = [first_col(ranks[r]["model.layers.0.self_attn.qkv_proj.weight"]) for r in range(2)]
     want = [[1000 + i for i in range(8)] + [2000, 2001, 3000, 3001],
@@ -217,8 +217,8 @@ def test_kv_replication():
     report(got == want, "kv 2 at tp 2: rank r holds query heads 4r..4r+3 and KV head r", got)
     # vocab 70 at tp 2: 128 rows, 64 per rank; rank 1 = rows 64..69 then 58 zero rows
     lm = first_col(ranks[1]["lm_head.weight"])
-    report(lm == list(range(64, 70)) + [0] * 58, "lm_head vocab 70 tp 2: rank 1 = rows 64..69 + 58 zero rows",
-           lm)
+    report(lm == list(range(64, 70)) + [0] * 58,
+           "lm_head vocab 70 tp 2: rank 1 = rows 64..69 + 58 zero rows", lm)
 
 
 def test_tied_and_buffers():
@@ -239,11 +239,12 @@ def test_tied_and_buffers():
     ts2["model.layers.0.mlp.down_proj.bias"] = ("I16", [4], bytes(8))
     ts2["model.layers.0.mlp.gate_proj.bias"] = ("I16", [8], bytes(16))
     ts2["model.layers.0.mlp.up_proj.bias"] = ("I16", [8], bytes(16))
+    name = "sglang llama mlp_bias: the oracle says the engine would drop the biases"
     try:
         so.expected_ranks_from(cfg2, ts2, "sglang", 2)
-        report(False, "sglang llama mlp_bias: the oracle says the engine would drop the biases", "no error")
+        report(False, name, "no error")
     except so.Unsupported as e:
-        report("drop" in str(e), "sglang llama mlp_bias: the oracle says the engine would drop the biases", e)
+        report("drop" in str(e), name, e)
     v = so.expected_ranks_from(cfg2, ts2, "vllm", 2)
     report(v[1]["model.layers.0.mlp.gate_up_proj.bias"][1] == [8]
            and v[1]["model.layers.0.mlp.down_proj.bias"][1] == [4],
