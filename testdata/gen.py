@@ -6,8 +6,9 @@ Python standard library only (no numpy), so it runs wherever python3 does.
     python3 testdata/gen.py FAMILY OUTDIR [options]
     python3 testdata/gen.py --all-dtypes OUTDIR [options]
 
-FAMILY: llama | qwen2 | qwen3 | gemma3 | gemma4.  OUTDIR gets config.json (real
-HF field names; Gemma3/Gemma4 text fields under text_config) and either
+FAMILY: llama | mistral | qwen2 | qwen3 | gemma3 | gemma4.  OUTDIR gets
+config.json (real HF field names; Gemma3/Gemma4 text fields under text_config,
+except with --gemma3-naming causal, which writes a Gemma3ForCausalLM) and either
 model.safetensors or, with --index PARTS, model.safetensors.index.json plus
 model-0000K-of-0000N.safetensors.  Files are written in the reference layout
 (what safetensors' save_file produces): tensors sorted by dtype alignment
@@ -203,10 +204,12 @@ def llama_like(a, family):
         s.add(p + "self_attn.q_proj.weight", A * D, H)
         s.add(p + "self_attn.k_proj.weight", K * D, H)
         s.add(p + "self_attn.v_proj.weight", K * D, H)
-        if family == "qwen2":
+        if family == "qwen2" or a.attention_bias:
             s.add(p + "self_attn.q_proj.bias", A * D)
             s.add(p + "self_attn.k_proj.bias", K * D)
             s.add(p + "self_attn.v_proj.bias", K * D)
+        if a.attention_bias and family != "qwen2":  # HF: o_proj bias = attention_bias
+            s.add(p + "self_attn.o_proj.bias", H)
         if family == "qwen3":
             s.add(p + "self_attn.q_norm.weight", D)
             s.add(p + "self_attn.k_norm.weight", D)
@@ -215,11 +218,16 @@ def llama_like(a, family):
         s.add(p + "mlp.gate_proj.weight", I, H)
         s.add(p + "mlp.up_proj.weight", I, H)
         s.add(p + "mlp.down_proj.weight", H, I)
+        if a.mlp_bias:
+            s.add(p + "mlp.gate_proj.bias", I)
+            s.add(p + "mlp.up_proj.bias", I)
+            s.add(p + "mlp.down_proj.bias", H)
     s.add("model.norm.weight", H)
     if not a.tied:
         s.add("lm_head.weight", V, H)
     arch = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-            "qwen3": ("Qwen3ForCausalLM", "qwen3")}[family]
+            "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+            "mistral": ("MistralForCausalLM", "mistral")}[family]
     cfg = {
         "architectures": [arch[0]],
         "model_type": arch[1],
@@ -237,6 +245,12 @@ def llama_like(a, family):
     }
     if family == "qwen2":
         cfg["attention_bias"] = True  # informational: Qwen2 always has q/k/v biases
+    elif a.attention_bias:
+        cfg["attention_bias"] = True
+    if a.mlp_bias:
+        cfg["mlp_bias"] = True
+    if family == "mistral":
+        cfg["sliding_window"] = None
     return s, cfg
 
 
@@ -255,6 +269,11 @@ def gemma3(a):
         s.add(p + "self_attn.q_proj.weight", A * D, H)
         s.add(p + "self_attn.k_proj.weight", K * D, H)
         s.add(p + "self_attn.v_proj.weight", K * D, H)
+        if a.attention_bias:
+            s.add(p + "self_attn.q_proj.bias", A * D)
+            s.add(p + "self_attn.k_proj.bias", K * D)
+            s.add(p + "self_attn.v_proj.bias", K * D)
+            s.add(p + "self_attn.o_proj.bias", H)
         s.add(p + "self_attn.o_proj.weight", H, A * D)
         s.add(p + "self_attn.q_norm.weight", D)
         s.add(p + "self_attn.k_norm.weight", D)
@@ -279,6 +298,8 @@ def gemma3(a):
         "rms_norm_eps": 1e-06,
         "sliding_window": 512,
     }
+    if a.attention_bias:
+        text["attention_bias"] = True
     if naming == "causal":
         cfg = {"architectures": ["Gemma3ForCausalLM"]}
         cfg.update(text)
@@ -402,14 +423,14 @@ def gemma4(a):
 def build(a):
     """-> (tensors {name: (dtype, shape, bytes)}, config dict)."""
     fam = "llama" if a.all_dtypes else a.family
-    if fam in ("llama", "qwen2", "qwen3"):
+    if fam in ("llama", "mistral", "qwen2", "qwen3"):
         spec, cfg = llama_like(a, fam)
     elif fam == "gemma3":
         spec, cfg = gemma3(a)
     elif fam == "gemma4":
         spec, cfg = gemma4(a)
     else:
-        raise SystemExit(f"gen.py: unknown family {fam!r} (llama qwen2 qwen3 gemma3 gemma4)")
+        raise SystemExit(f"gen.py: unknown family {fam!r} (llama mistral qwen2 qwen3 gemma3 gemma4)")
     rng = random.Random(a.seed)
     tensors = {}
     names = sorted(spec.shapes)
@@ -428,7 +449,7 @@ def build(a):
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("family", nargs="?", help="llama qwen2 qwen3 gemma3 gemma4")
+    ap.add_argument("family", nargs="?", help="llama mistral qwen2 qwen3 gemma3 gemma4")
     ap.add_argument("outdir", nargs="?")
     ap.add_argument("--all-dtypes", action="store_true",
                     help="llama names, one dtype per tensor cycling over every byte-sized dtype")
@@ -448,6 +469,11 @@ def parse_args(argv):
                     help="tie_word_embeddings, no lm_head (default for gemma3/gemma4)")
     ap.add_argument("--untied", dest="tied", action="store_false",
                     help="write lm_head.weight (default for llama/qwen)")
+    ap.add_argument("--attention-bias", action="store_true",
+                    help="q/k/v/o_proj biases and attention_bias in config.json"
+                         " (llama mistral qwen3 gemma3; qwen2 always has q/k/v biases)")
+    ap.add_argument("--mlp-bias", action="store_true",
+                    help="gate/up/down_proj biases and mlp_bias in config.json (llama mistral)")
     ap.add_argument("--no-config", action="store_true")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gemma4-variant", choices=["e", "dense", "moe"], default="e")
@@ -475,6 +501,10 @@ def parse_args(argv):
             ap.error(f"--{k.replace('_', '-')} must be >= 0")
     if a.heads == 0 and not a.head_dim:
         ap.error("--heads 0 needs --head-dim")
+    if a.attention_bias and a.family not in ("llama", "mistral", "qwen3", "gemma3"):
+        ap.error("--attention-bias is for llama, mistral, qwen3 and gemma3")
+    if a.mlp_bias and a.family not in ("llama", "mistral"):
+        ap.error("--mlp-bias is for llama and mistral")
     return a
 
 
