@@ -39,6 +39,23 @@ static int missing_ranks(const tps_ckpt *ck, char *buf, size_t len)
     return present;
 }
 
+/* Pieces and replicas of a tensor, numbered together: p < npieces are the
+ * pieces, the rest the replicas. */
+static int all_pieces(const tps_ctensor *t)
+{
+    return t->npieces + t->nreplicas;
+}
+static const tps_piece *piece_n(const tps_ctensor *t, int p)
+{
+    return p < t->npieces ? &t->pieces[p] : &t->replicas[p - t->npieces];
+}
+static tps_err read_piece(tps_ctx *ctx, const tps_ckpt *ck, const tps_piece *pc, uint64_t off,
+                          void *buf, size_t len)
+{
+    const tps_cfile *f = &ck->files[pc->file];
+    return tps_pread_full(ctx, f->fd, f->path, buf, len, pc->off + off);
+}
+
 typedef struct {
     size_t t;
     int piece;
@@ -52,8 +69,8 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
 {
     size_t ntask = 0, npieces = 0;
     for (size_t i = 0; i < ck->n; i++)
-        for (int p = 0; p < ck->t[i].npieces; p++) {
-            ntask += ck->t[i].pieces[p].nbytes / CHUNK + 1;
+        for (int p = 0; p < all_pieces(&ck->t[i]); p++) {
+            ntask += piece_n(&ck->t[i], p)->nbytes / CHUNK + 1;
             npieces++;
         }
     crc_task *T = tps_xcalloc(ntask, sizeof *T);
@@ -68,8 +85,8 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
     size_t k = 0, pc = 0;
     for (size_t i = 0; i < ck->n; i++) {
         base[i] = pc;
-        for (int p = 0; p < ck->t[i].npieces; p++, pc++) {
-            uint64_t n = ck->t[i].pieces[p].nbytes;
+        for (int p = 0; p < all_pieces(&ck->t[i]); p++, pc++) {
+            uint64_t n = piece_n(&ck->t[i], p)->nbytes;
             uint64_t a = 0;
             do {
                 uint64_t len = n - a < CHUNK ? n - a : CHUNK;
@@ -96,7 +113,8 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
                 }
                 continue;
             }
-            tps_err rc = tps_ckpt_read_piece(ctx, ck, T[j].t, T[j].piece, T[j].off, buf, (size_t)T[j].len);
+            tps_err rc = read_piece(ctx, ck, piece_n(&ck->t[T[j].t], T[j].piece), T[j].off, buf,
+                                    (size_t)T[j].len);
             if (rc) {
 #pragma omp critical
                 if (!failed) {
@@ -113,7 +131,7 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
     if (!failed) {
         size_t j = 0;
         for (size_t i = 0; i < ck->n; i++)
-            for (int p = 0; p < ck->t[i].npieces; p++) {
+            for (int p = 0; p < all_pieces(&ck->t[i]); p++) {
                 uint32_t c = 0;
                 do {
                     c = (uint32_t)crc32_combine(c, T[j].crc, (z_off_t)T[j].len);
@@ -134,6 +152,76 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
     return TPS_OK;
 }
 
+/* A serving layout's rank tensors: every byte is a source piece the
+ * manifest lists (CRC-checked above), zero padding, or the engine's constant
+ * entries, each exactly once. */
+static tps_err check_fills(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
+{
+    char *buf = NULL;
+    tps_err rc = TPS_OK;
+    for (size_t k = 0; k < ck->nrts; k++) {
+        const tps_crtensor *rt = &ck->rts[k];
+        if (rt->file < 0) continue;
+        const char *fname = ck->files[rt->file].path;
+        uint64_t at = 0;
+        for (size_t j = 0; j < rt->nfills; j++) {
+            const tps_fill *fl = &rt->fills[j];
+            TPS_FAIL_IF(fl->at != at, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': the manifest accounts for its bytes from %llu, not %llu",
+                        fname, rt->name, (unsigned long long)fl->at, (unsigned long long)at);
+            at += fl->nbytes;
+            TPS_FAIL_IF(at > rt->nbytes, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': the manifest accounts for more bytes than it has", fname,
+                        rt->name);
+            if (fl->kind == TPS_FILL_SOURCE) {
+                int i = tps_ckpt_find(ck, fl->source), found = 0;
+                for (int p = 0; i >= 0 && p < all_pieces(&ck->t[i]) && !found; p++) {
+                    const tps_piece *pc = piece_n(&ck->t[i], p);
+                    found = pc->file == rt->file && !strcmp(pc->holder, rt->name) &&
+                            pc->at == fl->at && pc->nbytes == fl->nbytes;
+                }
+                TPS_FAIL_IF(!found, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': bytes [%llu, %llu) should hold a piece of '%s', which "
+                            "the manifest's tensors do not list there",
+                            fname, rt->name, (unsigned long long)fl->at,
+                            (unsigned long long)(fl->at + fl->nbytes), fl->source);
+                continue;
+            }
+            unsigned char el[8];
+            size_t es = tps_dtype_bits(rt->dtype) / 8;
+            if (fl->kind == TPS_FILL_VALUE) {
+                TPS_FAIL_IF(!es || es > 8 || fl->nbytes % es, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': a constant of %s does not fill whole elements", fname,
+                            rt->name, tps_dtype_name(rt->dtype));
+                tps_encode_value(rt->dtype, fl->value, el);
+            }
+            if (!buf) buf = tps_xmalloc(CHUNK);
+            TPS_FAIL_IF(!buf, ctx, TPS_E_NOMEM, "out of memory");
+            for (uint64_t a = 0; a < fl->nbytes; a += CHUNK) {
+                size_t len = (size_t)(fl->nbytes - a < CHUNK ? fl->nbytes - a : CHUNK);
+                const tps_cfile *f = &ck->files[rt->file];
+                TPS_CHECK(tps_pread_full(ctx, f->fd, f->path, buf, len, rt->off + fl->at + a));
+                for (size_t b = 0; b < len; b++) {
+                    unsigned char want = fl->kind == TPS_FILL_ZEROS ? 0 : el[(a + b) % es];
+                    TPS_FAIL_IF(
+                        (unsigned char)buf[b] != want, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': byte %llu is 0x%02x, but the manifest says it is %s",
+                        fname, rt->name, (unsigned long long)(fl->at + a + b),
+                        (unsigned char)buf[b],
+                        fl->kind == TPS_FILL_ZEROS ? "zero padding" : "the engine's constant");
+                }
+            }
+        }
+        TPS_FAIL_IF(at != rt->nbytes, ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': the manifest accounts for %llu of its %llu bytes", fname,
+                    rt->name, (unsigned long long)at, (unsigned long long)rt->nbytes);
+    }
+out:
+    free(buf);
+    (void)dir;
+    return rc;
+}
+
 tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -148,23 +236,42 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
     TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
-        for (int p = 0; p < t->npieces; p++) {
-            const tps_piece *pc = &t->pieces[p];
+        for (int p = 0; p < all_pieces(t); p++) {
+            const tps_piece *pc = piece_n(t, p);
             const char *fname = ck->files[pc->file].path;
+            char where[320] = "";
+            if (strcmp(pc->holder, t->name))
+                snprintf(where, sizeof where, " (inside '%s' at byte %llu)", pc->holder,
+                         (unsigned long long)pc->at);
             TPS_FAIL_IF(!pc->has_crc, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s': the manifest records no CRC32 for rank %d", fname, t->name,
-                        pc->rank);
+                        "%s: tensor '%s'%s: the manifest records no CRC32 for rank %d", fname,
+                        t->name, where, pc->rank);
             TPS_FAIL_IF(crc[base[i] + (size_t)p] != pc->crc, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s': CRC32 0x%08x does not match the manifest's 0x%08x (the "
+                        "%s: tensor '%s'%s: CRC32 0x%08x does not match the manifest's 0x%08x (the "
                         "bytes changed)",
-                        fname, t->name, crc[base[i] + (size_t)p], pc->crc);
+                        fname, t->name, where, crc[base[i] + (size_t)p], pc->crc);
             if (t->dim < 0 && p > 0)
                 TPS_FAIL_IF(crc[base[i] + (size_t)p] != crc[base[i]], ctx, TPS_E_MISMATCH,
                             "%s: replicated tensor '%s' differs between rank %d and rank %d", dir,
                             t->name, t->pieces[0].rank, pc->rank);
+            if (p >= t->npieces) { /* a replica: the same bytes as the primary of its rows */
+                int q = 0;
+                while (q < t->npieces && (t->pieces[q].lo != pc->lo || t->pieces[q].hi != pc->hi)) q++;
+                TPS_FAIL_IF(q == t->npieces, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': rank %d holds a replica of rows [%llu, %llu) that no "
+                            "rank holds as its own",
+                            dir, t->name, pc->rank, (unsigned long long)pc->lo,
+                            (unsigned long long)pc->hi);
+                TPS_FAIL_IF(crc[base[i] + (size_t)p] != crc[base[i] + (size_t)q], ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': rows [%llu, %llu) differ between rank %d and its "
+                            "replica on rank %d",
+                            dir, t->name, (unsigned long long)pc->lo, (unsigned long long)pc->hi,
+                            t->pieces[q].rank, pc->rank);
+            }
         }
         res->tensors_checked++;
     }
+    TPS_CHECK(check_fills(ctx, ck, dir));
 out:
     free(crc);
     free(base);
@@ -186,6 +293,33 @@ static tps_err same_bytes(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, cha
                             "%s: replicated tensor '%s' differs between rank %d and rank %d; refusing "
                             "to merge",
                             ck->path, t->name, t->pieces[0].rank, t->pieces[p].rank);
+    }
+    return TPS_OK;
+}
+
+/* Replica p of tensor i holds the same bytes as the primary of its rows. */
+static tps_err same_rows(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char *a, char *b)
+{
+    const tps_ctensor *t = &ck->t[i];
+    const tps_piece *r = &t->replicas[p];
+    int q = 0;
+    while (q < t->npieces && (t->pieces[q].lo != r->lo || t->pieces[q].hi != r->hi)) q++;
+    if (q == t->npieces || t->pieces[q].nbytes != r->nbytes)
+        return tps_fail(ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': rank %d's replica of rows [%llu, %llu) has no primary; "
+                        "refusing to merge",
+                        ck->path, t->name, r->rank, (unsigned long long)r->lo,
+                        (unsigned long long)r->hi);
+    for (uint64_t off = 0; off < r->nbytes; off += CHUNK / 2) {
+        size_t len = (size_t)(r->nbytes - off < CHUNK / 2 ? r->nbytes - off : CHUNK / 2);
+        TPS_TRY(read_piece(ctx, ck, &t->pieces[q], off, a, len));
+        TPS_TRY(read_piece(ctx, ck, r, off, b, len));
+        if (memcmp(a, b, len) != 0)
+            return tps_fail(ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': rows [%llu, %llu) differ between rank %d and its "
+                            "replica on rank %d; refusing to merge",
+                            ck->path, t->name, (unsigned long long)r->lo,
+                            (unsigned long long)r->hi, t->pieces[q].rank, r->rank);
     }
     return TPS_OK;
 }
@@ -346,9 +480,11 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     bufa = tps_xmalloc(CHUNK / 2);
     bufb = tps_xmalloc(CHUNK / 2);
     TPS_FAIL_IF(!bufa || !bufb, ctx, TPS_E_NOMEM, "out of memory");
-    for (size_t i = 0; i < ck->n; i++)
+    for (size_t i = 0; i < ck->n; i++) {
         if (ck->t[i].dim < 0)
             for (int p = 1; p < ck->t[i].npieces; p++) TPS_CHECK(same_bytes(ctx, ck, i, p, bufa, bufb));
+        for (int p = 0; p < ck->t[i].nreplicas; p++) TPS_CHECK(same_rows(ctx, ck, i, p, bufa, bufb));
+    }
     /* Output directory. */
     if (tps_exists(o->out_dir)) {
         TPS_FAIL_IF(!tps_is_dir(o->out_dir), ctx, TPS_E_EXISTS, "%s: exists and is not a directory",

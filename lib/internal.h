@@ -349,12 +349,14 @@ typedef enum {
     TPS_SPLIT_ROWS,     /* dim 0 */
     TPS_SPLIT_COLUMNS,  /* dim 1 */
     TPS_SPLIT_VOCAB,    /* dim 0, padded to the layout's vocab_padding, then evenly */
+    TPS_SPLIT_REFUSE,   /* the engine has no place for it */
 } tps_split_kind;
 
 typedef struct {
     char *module;  /* leaf module name, e.g. "k_proj" */
     char *heads;   /* config field counting its heads, or NULL: split by rows */
     int replicate; /* fewer heads than ranks: whole heads replicated (else refused) */
+    char *rows;    /* config field counting its rows (named in refusals), or NULL */
 } tps_lpart;
 
 typedef struct {
@@ -375,10 +377,23 @@ typedef struct {
 typedef struct {
     char **patterns;
     size_t npat;
+    char *param;   /* only this parameter ("bias"), or NULL: any */
     tps_cond *when;
     tps_split_kind split;
+    char *refuse;  /* instead of a split: the engine cannot hold it, and why */
     int line;
 } tps_lrule;
+
+/* A layout check: reject_if (a condition), or quotient (field == a / b when
+ * the field is set). */
+typedef struct {
+    char *name, *reason;
+    tps_cond *when;
+    tps_cond cond;      /* reject_if */
+    int is_quotient;
+    char *field, *num, *den; /* quotient */
+    int line;
+} tps_lcheck;
 
 /* A layout file (plans/layouts/NAME.yaml): how an engine's rank files
  * differ from the DTensor shards of the plan. */
@@ -392,9 +407,14 @@ typedef struct tps_lspec {
     size_t nmt;
     int exact;         /* splits must divide evenly (else torch.chunk) */
     uint64_t vocab_pad;
+    int vocab_pad_tp;  /* padded vocab not divisible by tp: pad to vocab_pad x tp instead */
     char **vocab;      /* module paths whose dim 0 is the vocabulary */
     size_t nvocab;
     char *tied_head, *tied_embedding; /* module paths, or NULL */
+    char **tied_default; /* model_types whose config ties by default */
+    size_t ntied_default;
+    tps_lcheck *checks;
+    size_t nchecks;
     tps_lrule *rules;
     size_t nrules;
     tps_lfuse *fuse;

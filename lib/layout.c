@@ -423,22 +423,29 @@ static int matches_any(char **pats, size_t n, const char *name)
     return 0;
 }
 
-/* The split a serving layout gives a source tensor. */
-static tps_split_kind spec_split(const tps_layout *L, size_t i)
+/* The split a serving layout gives a source tensor; a refusal's reason in
+ * *why. */
+static tps_split_kind spec_split(const tps_layout *L, size_t i, const char **why)
 {
     const tps_lspec *s = L->spec;
     const tps_ctensor *t = &L->ck->t[i];
+    const char *param = param_of(t->name);
     size_t ml;
+    if (why) *why = NULL;
     if (module_of(t->name, &ml))
         for (size_t k = 0; k < s->nrules; k++) {
             const tps_lrule *r = &s->rules[k];
+            if (r->param && strcmp(r->param, param)) continue;
             for (size_t j = 0; j < r->npat; j++) {
                 if (!tps_module_match(r->patterns[j], t->name, ml)) continue;
                 if (r->when && !tps_cond_eval(r->when, L->ck->config)) break;
+                if (r->refuse) {
+                    if (why) *why = r->refuse;
+                    return TPS_SPLIT_REFUSE;
+                }
                 return r->split;
             }
         }
-    const char *param = param_of(t->name);
     if (!strcmp(param, "weight") && matches_any(s->vocab, s->nvocab, t->name)) return TPS_SPLIT_VOCAB;
     switch (L->p[i].style) {
     case TPS_STYLE_COLWISE:
@@ -475,12 +482,19 @@ static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kin
     char works[300];
     if (k == TPS_SPLIT_VOCAB && L->spec) {
         uint64_t padded = pad ? (n + pad - 1) / pad * pad : n;
+        if (padded % (uint64_t)C->tp && L->spec->vocab_pad_tp && pad) {
+            uint64_t m = pad * (uint64_t)C->tp; /* the engine pads further */
+            padded = (n + m - 1) / m * m;
+        }
         if (exact && padded % (uint64_t)C->tp) {
+            int present;
+            int named = config_count(C->ck->config, "vocab_size", &present) == n;
             works_list(works, sizeof works, n, pad, ok_vocab);
-            refuse(C, "tensor '%s': the vocabulary of %llu rows, padded to a multiple of %llu "
-                      "(%llu), does not divide by tp %d (layout %s; tp values that work: %s)",
-                   t->name, (unsigned long long)n, (unsigned long long)pad,
-                   (unsigned long long)padded, C->tp, L->spec->name, works);
+            refuse(C, "%s%llu rows, padded to a multiple of %llu (%llu), are not divisible by tp %d "
+                      "(layout %s splits tensor '%s' evenly; tp values that work: %s)",
+                   named ? "vocab_size: " : "the vocabulary's ", (unsigned long long)n,
+                   (unsigned long long)pad, (unsigned long long)padded, C->tp, L->spec->name,
+                   t->name, works);
             return TPS_OK;
         }
         per = exact ? padded / (uint64_t)C->tp : 0;
@@ -540,7 +554,13 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                    tps_dtype_name(t->dtype), t->ndim, t0->name, tps_dtype_name(t0->dtype), t0->ndim);
             return TPS_OK;
         }
-        if (spec_split(L, idx[j]) != TPS_SPLIT_ROWS) {
+        const char *why = NULL;
+        tps_split_kind sk = spec_split(L, idx[j], &why);
+        if (sk == TPS_SPLIT_REFUSE) {
+            refuse(C, "tensor '%s': %s (layout %s)", t->name, why, L->spec->name);
+            return TPS_OK;
+        }
+        if (sk != TPS_SPLIT_ROWS) {
             refuse(C, "layout %s fuses '%s' into %s.%s, but the plan does not split it by rows "
                       "(style %s)",
                    L->spec->name, t->name, parent, f->into, tps_style_name(L->p[idx[j]].style));
@@ -581,9 +601,14 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
         } else {
             if (L->spec->exact && rows % (uint64_t)C->tp) {
                 works_list(works, sizeof works, rows, 0, ok_divides);
-                refuse(C, "tensor '%s': %llu rows do not divide by tp %d (layout %s splits them "
-                          "evenly; tp values that work: %s)",
-                       t->name, (unsigned long long)rows, C->tp, L->spec->name, works);
+                if (p->rows)
+                    refuse(C, "%s = %llu is not divisible by tp %d (layout %s splits '%s' evenly; "
+                              "tp values that work: %s)",
+                           p->rows, (unsigned long long)rows, C->tp, L->spec->name, t->name, works);
+                else
+                    refuse(C, "tensor '%s': %llu rows do not divide by tp %d (layout %s splits "
+                              "them evenly; tp values that work: %s)",
+                           t->name, (unsigned long long)rows, C->tp, L->spec->name, works);
                 return TPS_OK;
             }
             heads[j] = 0;
@@ -877,6 +902,31 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
             goto out;
         }
         TPS_CHECK(add_check(&C, "architecture served", 1, "yes"));
+        for (size_t k = 0; k < s->nchecks; k++) {
+            const tps_lcheck *c = &s->checks[k];
+            if (c->when && !tps_cond_eval(c->when, ck->config)) continue;
+            int bad = 0;
+            if (c->is_quotient) {
+                int pf, pn, pd;
+                uint64_t f = config_count(ck->config, c->field, &pf);
+                uint64_t a = config_count(ck->config, c->num, &pn);
+                uint64_t b = config_count(ck->config, c->den, &pd);
+                if (pf && a && b && f != a / b) {
+                    snprintf(detail, sizeof detail, "%s = %llu, but %s / %s = %llu: %s", c->field,
+                             (unsigned long long)f, c->num, c->den, (unsigned long long)(a / b),
+                             c->reason);
+                    bad = 1;
+                }
+            } else if (tps_cond_eval(&c->cond, ck->config)) {
+                snprintf(detail, sizeof detail, "%s", c->reason);
+                bad = 1;
+            }
+            TPS_CHECK(add_check(&C, c->name, !bad, bad ? detail : "yes"));
+            if (bad) {
+                refuse(&C, "%s", detail);
+                goto out;
+            }
+        }
     }
     /* The tied head: a checkpoint without one writes it from the embedding. */
     int head = -1, emb = -1;
@@ -884,6 +934,20 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         head = find_weight(ck, s->tied_head);
         emb = find_weight(ck, s->tied_embedding);
         int flag = tied_flag(ck->config);
+        if (flag < 0) { /* not said: the config class's default */
+            const cJSON *mt = tps_config_get(ck->config, "model_type");
+            flag = 0;
+            for (size_t k = 0; k < s->ntied_default; k++)
+                if (cJSON_IsString(mt) && !strcmp(mt->valuestring, s->tied_default[k])) flag = 1;
+            if (head < 0 && emb >= 0 && !flag) {
+                refuse(&C, "config.json does not set tie_word_embeddings, which then defaults to "
+                           "false for model_type %s, yet the checkpoint has no %s.weight: set "
+                           "tie_word_embeddings to true if the head is tied to %s",
+                       cJSON_IsString(mt) ? mt->valuestring : "(none)", s->tied_head,
+                       s->tied_embedding);
+                goto out;
+            }
+        }
         if (head < 0 && emb >= 0 && flag == 0) {
             refuse(&C, "config.json says tie_word_embeddings is false, but the checkpoint has no "
                        "%s.weight (layout %s would have no head to write)",
@@ -929,7 +993,13 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
                 goto out;
             }
         }
-        TPS_CHECK(place_simple(&C, i, name, spec_split(L, i), L->p[i].rule));
+        const char *why = NULL;
+        tps_split_kind sk = spec_split(L, i, &why);
+        if (sk == TPS_SPLIT_REFUSE) {
+            refuse(&C, "tensor '%s': %s (layout %s)", t->name, why, s->name);
+            break;
+        }
+        TPS_CHECK(place_simple(&C, i, name, sk, L->p[i].rule));
     }
     if (s && !C.why[0]) {
         /* the engine's own acceptance rules, shown by plan */
@@ -963,8 +1033,9 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     }
 out:
     if (!rc && C.why[0]) {
-        if (s && !L->nchecks) add_check(&C, "layout rules", 0, C.why);
-        else if (s) add_check(&C, "layout rules", 0, C.why);
+        int shown = 0;
+        for (size_t k = 0; k < L->nchecks; k++) shown |= L->checks[k].ok == 0;
+        if (s && !shown) add_check(&C, "layout rules", 0, C.why);
         free(L->rejected);
         L->rejected = tps_strdup(C.why);
         if (!L->rejected) rc = nomem(&C);

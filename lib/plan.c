@@ -1114,13 +1114,24 @@ static tps_err check_leaf(const pctx *pc, const ynode *it)
 
 static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
 {
-    static const char *const known[] = {"match", "split", "when"};
-    const ynode *v[3];
-    TPS_TRY(map_fields(pc, m, "override", known, 3, v));
+    static const char *const known[] = {"match", "split", "when", "param", "refuse"};
+    const ynode *v[5];
+    TPS_TRY(map_fields(pc, m, "override", known, 5, v));
     r->line = m->line;
-    if (!v[0] || !v[1]) return perr(pc, m->line, "an override needs 'match' and 'split'");
+    if (!v[0] || (!v[1] == !v[4]))
+        return perr(pc, m->line, "an override needs 'match' and one of 'split' or 'refuse'");
     TPS_TRY(get_str_list(pc, v[0], "match", check_pattern, &r->patterns, &r->npat));
     if (!r->npat) return perr(pc, v[0]->line, "'match' is an empty list");
+    if (v[3]) TPS_TRY(get_str(pc, v[3], "param", &r->param));
+    if (v[2]) {
+        r->when = tps_xcalloc(1, sizeof *r->when);
+        if (!r->when) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[2], "when", r->when));
+    }
+    if (v[4]) {
+        TPS_TRY(get_str(pc, v[4], "refuse", &r->refuse));
+        return TPS_OK;
+    }
     size_t k;
     for (k = 0; k < sizeof split_names / sizeof split_names[0]; k++)
         if (v[1]->type == YN_SCALAR && !strcmp(v[1]->s, split_names[k].name)) break;
@@ -1129,18 +1140,42 @@ static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
                     v[1]->type == YN_SCALAR ? shown(v[1]->s) : 1,
                     v[1]->type == YN_SCALAR ? v[1]->s : "?");
     r->split = split_names[k].split;
-    if (v[2]) {
-        r->when = tps_xcalloc(1, sizeof *r->when);
-        if (!r->when) return nomem(pc->ctx);
-        TPS_TRY(parse_cond(pc, v[2], "when", r->when));
+    return TPS_OK;
+}
+
+static tps_err parse_lcheck(const pctx *pc, const ynode *m, tps_lcheck *c)
+{
+    static const char *const known[] = {"name", "when", "reject_if", "quotient", "reason"};
+    static const char *const qknown[] = {"field", "of"};
+    const ynode *v[5], *qv[2];
+    TPS_TRY(map_fields(pc, m, "layout check", known, 5, v));
+    c->line = m->line;
+    if (!v[0] || !v[4] || (!v[2] == !v[3]))
+        return perr(pc, m->line,
+                    "a layout check needs 'name', 'reason' and one of 'reject_if' or 'quotient'");
+    TPS_TRY(get_str(pc, v[0], "name", &c->name));
+    TPS_TRY(get_str(pc, v[4], "reason", &c->reason));
+    if (v[1]) {
+        c->when = tps_xcalloc(1, sizeof *c->when);
+        if (!c->when) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[1], "when", c->when));
     }
+    if (v[2]) return parse_cond(pc, v[2], "reject_if", &c->cond);
+    c->is_quotient = 1;
+    TPS_TRY(map_fields(pc, v[3], "quotient", qknown, 2, qv));
+    if (!qv[0] || !qv[1] || qv[1]->type != YN_SEQ || qv[1]->n != 2 ||
+        qv[1]->kid[0]->type != YN_SCALAR || qv[1]->kid[1]->type != YN_SCALAR)
+        return perr(pc, v[3]->line, "'quotient' needs field and of: [NUMERATOR, DENOMINATOR]");
+    TPS_TRY(get_str(pc, qv[0], "field", &c->field));
+    TPS_TRY(get_str(pc, qv[1]->kid[0], "of", &c->num));
+    TPS_TRY(get_str(pc, qv[1]->kid[1], "of", &c->den));
     return TPS_OK;
 }
 
 static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
     static const char *const known[] = {"into", "parts", "extra"};
-    static const char *const pknown[] = {"module", "heads", "replicate"};
+    static const char *const pknown[] = {"module", "heads", "replicate", "rows"};
     static const char *const eknown[] = {"name", "dtype", "value"};
     const ynode *v[3];
     TPS_TRY(map_fields(pc, m, "fuse entry", known, 3, v));
@@ -1153,9 +1188,10 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
     f->parts = tps_xcalloc(v[1]->n, sizeof *f->parts);
     if (!f->parts) return nomem(pc->ctx);
     for (size_t i = 0; i < v[1]->n; i++) {
-        const ynode *pv[3];
+        const ynode *pv[4];
         tps_lpart *p = &f->parts[f->nparts++];
-        TPS_TRY(map_fields(pc, v[1]->kid[i], "part", pknown, 3, pv));
+        TPS_TRY(map_fields(pc, v[1]->kid[i], "part", pknown, 4, pv));
+        if (pv[3]) TPS_TRY(get_str(pc, pv[3], "rows", &p->rows));
         if (!pv[0]) return perr(pc, v[1]->kid[i]->line, "a part needs 'module'");
         TPS_TRY(get_str(pc, pv[0], "module", &p->module));
         TPS_TRY(check_leaf(pc, pv[0]));
@@ -1196,11 +1232,13 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
-                                        "vocab_padding", "vocab", "tied", "overrides", "fuse"};
+                                        "vocab_padding", "vocab", "tied", "overrides", "fuse",
+                                        "vocab_padding_tp", "checks"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    static const char *const tknown[] = {"head", "embedding"};
-    enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE, K_N };
-    const ynode *v[K_N], *sv[2], *tv[2];
+    static const char *const tknown[] = {"head", "embedding", "default_for"};
+    enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
+           K_PADTP, K_CHECKS, K_N };
+    const ynode *v[K_N], *sv[2], *tv[3];
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a layout must be a mapping with 'name' and 'target', not %s",
                     y_kind(root));
@@ -1231,9 +1269,23 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
             return perr(pc, v[K_PAD]->line, "'vocab_padding' must be a whole number from 1 to 1048576");
         s->vocab_pad = (uint64_t)d;
     }
+    if (v[K_PADTP]) TPS_TRY(get_bool(pc, v[K_PADTP], "vocab_padding_tp", &s->vocab_pad_tp));
     if (v[K_VOCAB]) TPS_TRY(get_str_list(pc, v[K_VOCAB], "vocab", check_pattern, &s->vocab, &s->nvocab));
+    if (v[K_CHECKS] && !y_is_null(v[K_CHECKS])) {
+        if (v[K_CHECKS]->type != YN_SEQ || v[K_CHECKS]->n > PLAN_MAX_CHECKS)
+            return perr(pc, v[K_CHECKS]->line, "'checks' must be a list of at most %d checks",
+                        PLAN_MAX_CHECKS);
+        s->checks = tps_xcalloc(v[K_CHECKS]->n ? v[K_CHECKS]->n : 1, sizeof *s->checks);
+        if (!s->checks) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_CHECKS]->n; i++) {
+            s->nchecks++;
+            TPS_TRY(parse_lcheck(pc, v[K_CHECKS]->kid[i], &s->checks[i]));
+        }
+    }
     if (v[K_TIED]) {
-        TPS_TRY(map_fields(pc, v[K_TIED], "tied", tknown, 2, tv));
+        TPS_TRY(map_fields(pc, v[K_TIED], "tied", tknown, 3, tv));
+        if (tv[2]) TPS_TRY(get_str_list(pc, tv[2], "default_for", NULL, &s->tied_default,
+                                        &s->ntied_default));
         if (!tv[0] || !tv[1]) return perr(pc, v[K_TIED]->line, "'tied' needs head and embedding");
         TPS_TRY(get_str(pc, tv[0], "head", &s->tied_head));
         TPS_TRY(check_pattern(pc, tv[0]));
@@ -1285,7 +1337,24 @@ void tps_lspec_free(tps_lspec *s)
     strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    strv_free(s->tied_default, s->ntied_default);
+    for (size_t i = 0; i < s->nchecks; i++) {
+        tps_lcheck *c = &s->checks[i];
+        free(c->name);
+        free(c->reason);
+        if (c->when) {
+            cond_clear(c->when);
+            free(c->when);
+        }
+        cond_clear(&c->cond);
+        free(c->field);
+        free(c->num);
+        free(c->den);
+    }
+    free(s->checks);
     for (size_t i = 0; i < s->nrules; i++) {
+        free(s->rules[i].param);
+        free(s->rules[i].refuse);
         strv_free(s->rules[i].patterns, s->rules[i].npat);
         if (s->rules[i].when) {
             cond_clear(s->rules[i].when);
@@ -1299,6 +1368,7 @@ void tps_lspec_free(tps_lspec *s)
         for (size_t j = 0; j < f->nparts; j++) {
             free(f->parts[j].module);
             free(f->parts[j].heads);
+            free(f->parts[j].rows);
         }
         free(f->parts);
         for (size_t j = 0; j < f->nextra; j++) free(f->extra[j].name);
