@@ -286,8 +286,9 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
                          int *fresh)
 {
     tps_layout *L = C->L;
-    /* The tensor's regions so far, newest first (a chain through `next`). */
-    for (size_t k = C->last[src]; k != SIZE_MAX; k = C->next[k]) {
+    /* The tensor's regions so far, newest first (a chain through `next`).
+     * Empty ones are never shared: an empty shard is nobody's replica. */
+    for (size_t k = hi > lo || dim < 0 ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = C->next[k]) {
         const tps_region *g = &L->regions[k];
         if (g->dim == dim && g->lo == lo && g->hi == hi) {
             *out = k;

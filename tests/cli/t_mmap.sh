@@ -33,7 +33,8 @@ for c in "$TOP"/testdata/conformance/*/; do
   grep -q '"expect": *"split"' "$c/case.json" || continue
   tp=$(sed -n 's/.*"tp": *\([0-9]*\).*/\1/p' "$c/case.json")
   fam=$(sed -n 's/.*"family": *"\([a-z0-9]*\)".*/\1/p' "$c/case.json")
-  both "conformance $(basename "$c") (tp $tp)" "$c/model" --tp "$tp" --family "$fam"
+  lay=$(sed -n 's/.*"layout": *"\([a-z0-9]*\)".*/\1/p' "$c/case.json")
+  both "conformance $(basename "$c") (tp $tp)" "$c/model" --tp "$tp" --family "$fam" ${lay:+--layout "$lay"}
 done
 
 # Embeddings of 4.3 MB (two 4 MiB copy tasks in 256 KiB steps) and

@@ -84,8 +84,9 @@ for c in "$CONF"/*/; do
   c=${c%/}; name=$(basename "$c")
   [ "$(expect_of "$c")" = split ] || continue
   tp=$(tp_of "$c")
+  lay=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("layout", "dtensor"))' "$c/case.json")
   rm -rf "$T/$name"
-  run tps split "$c/model" --tp "$tp" -o "$T/$name" -q
+  run tps split "$c/model" --tp "$tp" --layout "$lay" -o "$T/$name" -q
   if [ "$RC" != 0 ]; then notok "split $name for verify"; diag "$ERR"; continue; fi
   run tps verify "$T/$name" --source "$c/model"
   pass "verify $name (tp $tp) passes with --source"

@@ -85,7 +85,7 @@ static void test_builtin_unknown(void)
     CHECK(tps_plan_builtin(ctx, "mixtral", &p) == TPS_E_ARG);
     CHECK(p == NULL);
     CHECK(strstr(tps_ctx_errmsg(ctx), "mixtral"));
-    CHECK(strstr(tps_ctx_errmsg(ctx), "gemma3, gemma4, llama, qwen2, qwen3"));
+    CHECK(strstr(tps_ctx_errmsg(ctx), "gemma3, gemma4, llama, mistral, qwen2, qwen3"));
     tps_plan_free(NULL);
 }
 
@@ -617,7 +617,7 @@ static void test_detect_errors(void)
     CHECK(tps_plan_detect(ctx, &ck, &p) == TPS_E_CONFIG && p == NULL);
     CHECK_MSG(strstr(tps_ctx_errmsg(ctx), "no config.json: pass --family NAME or --plan FILE"),
               "%s", tps_ctx_errmsg(ctx));
-    CHECK(strstr(tps_ctx_errmsg(ctx), "gemma3, gemma4, llama, qwen2, qwen3"));
+    CHECK(strstr(tps_ctx_errmsg(ctx), "gemma3, gemma4, llama, mistral, qwen2, qwen3"));
 
     ck.config = json("{\"architectures\": [\"MixtralForCausalLM\"], \"model_type\": \"mixtral\"}");
     CHECK(tps_plan_detect(ctx, &ck, &p) == TPS_E_CONFIG && p == NULL);
