@@ -155,7 +155,7 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
 /* A serving layout's rank tensors: every byte is a source piece the
  * manifest lists (CRC-checked above), zero padding, or the engine's constant
  * entries, each exactly once. */
-static tps_err check_fills(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
+tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
 {
     char *buf = NULL;
     tps_err rc = TPS_OK;
@@ -218,7 +218,6 @@ static tps_err check_fills(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
     }
 out:
     free(buf);
-    (void)dir;
     return rc;
 }
 
@@ -271,7 +270,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
         }
         res->tensors_checked++;
     }
-    TPS_CHECK(check_fills(ctx, ck, dir));
+    TPS_CHECK(tps_check_fills(ctx, ck));
 out:
     free(crc);
     free(base);

@@ -802,9 +802,13 @@ tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piec
                             void *buf, size_t len)
 {
     const tps_ctensor *t = &ck->t[i];
-    if (piece < 0 || piece >= t->npieces || off + len > t->pieces[piece].nbytes || off + len < off)
+    /* pieces, then replicas: piece npieces + k is replica k */
+    const tps_piece *p = piece >= 0 && piece < t->npieces ? &t->pieces[piece]
+                         : piece >= t->npieces && piece < t->npieces + t->nreplicas
+                             ? &t->replicas[piece - t->npieces]
+                             : NULL;
+    if (!p || off + len > p->nbytes || off + len < off)
         return tps_fail(ctx, TPS_E_ARG, "tensor '%s': read outside piece %d", t->name, piece);
-    const tps_piece *p = &t->pieces[piece];
     const tps_cfile *f = &ck->files[p->file];
     return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
 }

@@ -498,6 +498,15 @@ struct tps_layout {
     int dropped_any;  /* a source tensor with no piece (never: every byte must land) */
 };
 
+/* The layout of a directory split earlier: styles as its manifest recorded
+ * them (no plan), the layout file it used, and the directory's config. */
+tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_lspec *spec, int tp,
+                               const tps_style *styles, tps_layout **out);
+/* A serving layout's rank tensors: padding reads as zeros, constants as
+ * their values, every byte accounted for (check and verify). */
+tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);
+int tps_style_lookup(const char *name, tps_style *out); /* 0 ok, -1 unknown */
+
 /* Fills rt/pieces/regions for L's layout (the plan's placements, or the
  * spec). Refusals (head counts, divisibility, missing fused parts) set
  * L->rejected and return TPS_OK; malformed input returns an error. */

@@ -174,6 +174,35 @@ out:
     return rc;
 }
 
+tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_lspec *spec, int tp,
+                               const tps_style *styles, tps_layout **out)
+{
+    *out = NULL;
+    tps_err rc = TPS_OK;
+    tps_layout *L = tps_xcalloc(1, sizeof *L);
+    if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    L->ck = ck;
+    L->spec = spec;
+    L->tp = tp;
+    L->n = ck->n;
+    L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
+    TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ck->n; i++) {
+        L->p[i].t = i;
+        L->p[i].style = styles[i];
+        L->p[i].dim = style_dim(styles[i], param_of(ck->t[i].name));
+        if (L->p[i].dim >= ck->t[i].ndim) L->p[i].dim = -1;
+    }
+    TPS_CHECK(tps_layout_compile(ctx, L));
+out:
+    if (rc) {
+        tps_layout_free(L);
+        L = NULL;
+    }
+    *out = L;
+    return rc;
+}
+
 tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
                        tps_layout **out)
 {

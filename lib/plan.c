@@ -70,7 +70,7 @@ const char *tps_style_name(tps_style s)
     return "unknown";
 }
 
-static int style_lookup(const char *s, tps_style *out)
+int tps_style_lookup(const char *s, tps_style *out)
 {
     for (size_t i = 0; i < sizeof style_names / sizeof style_names[0]; i++)
         if (strcmp(style_names[i].name, s) == 0) {
@@ -515,7 +515,7 @@ static tps_err parse_rule(const pctx *pc, const ynode *m, tps_rule *r)
     if (!r->npat) return perr(pc, v[0]->line, "'match' is an empty list");
     if (v[1]->type != YN_SCALAR || y_is_null(v[1]))
         return perr(pc, v[1]->line, "'style' must be a string, not %s", y_kind(v[1]));
-    if (style_lookup(v[1]->s, &r->style))
+    if (tps_style_lookup(v[1]->s, &r->style))
         return perr(pc, v[1]->line, "unknown style '%.*s' (known: " STYLES_KNOWN ")",
                     shown(v[1]->s), v[1]->s);
     if (v[2]) {

@@ -417,14 +417,19 @@ struct vunit {
     uint64_t outer, nd, inner, W, k, step, per_o, chunk;
     uint64_t *segc;   /* MODE_B: chunk prefix per rank (tp + 1) */
     uint64_t *crcpre; /* MODE_CRC: task prefix per piece (npieces + 1) */
-    int *piece;       /* per rank piece index, -1 absent */
+    /* Slots: 0 .. tp-1 are the ranks (their own rows: piece, lo, len), then
+     * one per replica (a serving layout's KV heads on several ranks), whose
+     * bytes are compared with the source but not multiplied. */
+    int nslot;
+    int *slot_rank;
+    int *piece;       /* per slot piece index (replicas: npieces + k), -1 absent */
     uint64_t *lo, *len;
     uint64_t ntasks, task0;
     atomic_uint_fast64_t left;
     atomic_int done;
     pthread_mutex_t mu;
-    atomic_uint_fast64_t *diff; /* per rank bytes differing */
-    uint64_t *first;            /* per rank first differing byte (under mu) */
+    atomic_uint_fast64_t *diff; /* per slot bytes differing */
+    uint64_t *first;            /* per slot first differing byte (under mu) */
     uint32_t *crcs;             /* MODE_CRC: per task */
     uint64_t *crclen;
     uint64_t compared; /* bytes compared */
@@ -458,6 +463,9 @@ typedef struct {
     tps_backend backend;
     tps_comm *comm;
     tps_gpu *gpu;
+    tps_layout *lay;      /* a serving layout, compiled again from the manifest */
+    tps_layout_spec *spec;
+    int *lay_piece_rt;    /* rank tensor of each of lay's pieces */
     unsigned char *local;
     int is_root, want_ref;
     int batch;
@@ -505,11 +513,17 @@ static int numeric_dtype(tps_dtype d)
     return to_f32(d, z, &f, 1) == 0;
 }
 
-static const char *rank_file(const vctx *V, const vunit *u, int r)
+static const tps_piece *slot_piece(const vunit *u, int s)
 {
-    int p = u->piece[r];
-    if (p < 0) return "?";
-    return V->ck->files[u->ct->pieces[p].file].name;
+    int p = u->piece[s];
+    if (p < 0) return NULL;
+    return p < u->ct->npieces ? &u->ct->pieces[p] : &u->ct->replicas[p - u->ct->npieces];
+}
+
+static const char *rank_file(const vctx *V, const vunit *u, int s)
+{
+    const tps_piece *pc = slot_piece(u, s);
+    return pc ? V->ck->files[pc->file].name : "?";
 }
 
 /* ------------------------------------------------------------------ manifest style */
@@ -574,13 +588,15 @@ static char *placement_str(const vunit *u)
 
 /* The rank file's own header must hold the tensor where the manifest says,
  * with the manifest's dtype and the rank's local shape. NULL ok, else note. */
-static char *check_piece_header(const vctx *V, const vunit *u, int p)
+static char *check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc)
 {
     const tps_ctensor *ct = u->ct;
-    const tps_piece *pc = &ct->pieces[p];
     const tps_cfile *f = &V->ck->files[pc->file];
     const tps_st *st = f->st;
     if (!st) return NULL;
+    /* inside a fused or padded rank tensor: its name, dtype and room were
+     * checked when the directory was opened */
+    if ((pc->holder && strcmp(pc->holder, ct->name)) || V->lay) return NULL;
     uint64_t begin = pc->off - st->data_start;
     size_t a = 0, b = st->n;
     while (a < b) {
@@ -612,6 +628,48 @@ static char *check_piece_header(const vctx *V, const vunit *u, int p)
     return tps_asprintf("%s: no tensor at the manifest's offset", f->name);
 }
 
+/* A serving layout's unit: its pieces on the present ranks must be exactly
+ * the ones the layout (compiled again from the manifest's layout file,
+ * config.json and the tensors' styles) puts there: rank, rows, replica or
+ * not, the rank tensor holding them and the byte they start at. NULL when
+ * they are, else the first difference. */
+static char *layout_mismatch(const vctx *V, const vunit *u)
+{
+    const tps_layout *L = V->lay;
+    const tps_ctensor *ct = u->ct;
+    size_t i = u->t, want = 0;
+    for (size_t k = L->src_piece0[i]; k < L->src_piece0[i + 1]; k++) {
+        size_t pi = L->src_pieces[k];
+        const tps_lpiece *lp = &L->pieces[pi];
+        const tps_region *g = &L->regions[lp->region];
+        if (V->ck->rank_present && !V->ck->rank_present[lp->rank]) continue;
+        want++;
+        const char *holder = L->rt[V->lay_piece_rt[pi]].name;
+        int rep = lp->replica && g->dim >= 0, found = 0;
+        for (int p = 0; p < ct->npieces + ct->nreplicas && !found; p++) {
+            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            found = pc->rank == lp->rank && (p >= ct->npieces) == rep && pc->at == lp->at &&
+                    !strcmp(pc->holder, holder) &&
+                    (g->dim < 0 || (pc->lo == g->lo && pc->hi == g->hi));
+        }
+        if (!found)
+            return g->dim >= 0
+                       ? tps_asprintf("layout %s puts rows [%llu, %llu) of it on rank %d%s, inside "
+                                      "'%s' at byte %llu; the manifest does not",
+                                      V->lay->spec->name, (unsigned long long)g->lo,
+                                      (unsigned long long)g->hi, lp->rank, rep ? " (a replica)" : "",
+                                      holder, (unsigned long long)lp->at)
+                       : tps_asprintf("layout %s puts all of it on rank %d as '%s'; the manifest "
+                                      "does not",
+                                      V->lay->spec->name, lp->rank, holder);
+    }
+    if (want != (size_t)(ct->npieces + ct->nreplicas))
+        return tps_asprintf("the manifest lists %d pieces of it on the ranks present, layout %s "
+                            "puts %zu there",
+                            ct->npieces + ct->nreplicas, V->lay->spec->name, want);
+    return NULL;
+}
+
 static tps_err analyze_unit(vctx *V, vunit *u)
 {
     const tps_ctensor *ct = u->ct;
@@ -621,17 +679,25 @@ static tps_err analyze_unit(vctx *V, vunit *u)
     u->bias = -1;
     u->bias_si = -1;
     pthread_mutex_init(&u->mu, NULL);
-    u->piece = malloc(sizeof(int) * (size_t)tp);
-    u->lo = calloc((size_t)tp, sizeof(uint64_t));
-    u->len = calloc((size_t)tp, sizeof(uint64_t));
-    u->diff = calloc((size_t)tp, sizeof(*u->diff));
-    u->first = malloc(sizeof(uint64_t) * (size_t)tp);
-    if (!u->piece || !u->lo || !u->len || !u->diff || !u->first)
+    int ns = tp + ct->nreplicas;
+    u->nslot = ns;
+    u->slot_rank = malloc(sizeof(int) * (size_t)ns);
+    u->piece = malloc(sizeof(int) * (size_t)ns);
+    u->lo = calloc((size_t)ns, sizeof(uint64_t));
+    u->len = calloc((size_t)ns, sizeof(uint64_t));
+    u->diff = calloc((size_t)ns, sizeof(*u->diff));
+    u->first = malloc(sizeof(uint64_t) * (size_t)ns);
+    if (!u->slot_rank || !u->piece || !u->lo || !u->len || !u->diff || !u->first)
         return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-    for (int r = 0; r < tp; r++) {
-        u->piece[r] = -1;
+    for (int r = 0; r < ns; r++) {
+        u->slot_rank[r] = r < tp ? r : ct->replicas[r - tp].rank;
+        u->piece[r] = r < tp ? -1 : ct->npieces + (r - tp);
         u->first[r] = UINT64_MAX;
         atomic_init(&u->diff[r], 0);
+        if (r >= tp) {
+            u->lo[r] = ct->replicas[r - tp].lo;
+            u->len[r] = ct->replicas[r - tp].hi - ct->replicas[r - tp].lo;
+        }
     }
     char miss[256] = "";
     size_t ml = 0;
@@ -647,10 +713,44 @@ static tps_err analyze_unit(vctx *V, vunit *u)
         }
         u->piece[pc->rank] = p;
     }
-    for (int r = 0; r < tp; r++) {
-        if (u->dim >= 0) tps_chunk(ct->shape[u->dim], tp, r, &u->lo[r], &u->len[r]);
-        if (u->piece[r] < 0 && ml < sizeof miss - 16)
-            ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+    if (V->lay) {
+        /* a serving layout: the pieces must be where the layout puts them;
+         * a rank's own rows are then its piece's */
+        char *why = layout_mismatch(V, u);
+        if (why) {
+            u->pre = why;
+            return TPS_OK;
+        }
+        if (ct->nreplicas && u->dim != 0) {
+            u->pre = tps_asprintf("replicas along dim %d are not verified", u->dim);
+            return TPS_OK;
+        }
+        uint64_t at = 0;
+        for (int r = 0; r < tp; r++) {
+            if (u->piece[r] < 0) continue;
+            u->lo[r] = ct->pieces[u->piece[r]].lo;
+            u->len[r] = ct->pieces[u->piece[r]].hi - u->lo[r];
+            /* the collectives concatenate the ranks' rows in rank order */
+            if (u->dim >= 0 && u->lo[r] != at) {
+                u->pre = tps_asprintf("rank %d's rows start at %llu, not where the ranks before "
+                                      "it end (%llu)",
+                                      r, (unsigned long long)u->lo[r], (unsigned long long)at);
+                return TPS_OK;
+            }
+            at = u->lo[r] + u->len[r];
+        }
+        for (int r = 0; r < tp; r++) {
+            int held = u->piece[r] >= 0;
+            for (int k = 0; k < ct->nreplicas && !held; k++) held = ct->replicas[k].rank == r;
+            if (!held && V->ck->rank_present && !V->ck->rank_present[r] && ml < sizeof miss - 16)
+                ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+        }
+    } else {
+        for (int r = 0; r < tp; r++) {
+            if (u->dim >= 0) tps_chunk(ct->shape[u->dim], tp, r, &u->lo[r], &u->len[r]);
+            if (u->piece[r] < 0 && ml < sizeof miss - 16)
+                ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+        }
     }
     /* geometry: [outer, nd, inner] with inner in bytes */
     unsigned bits = tps_dtype_bits(ct->dtype);
@@ -672,17 +772,18 @@ static tps_err analyze_unit(vctx *V, vunit *u)
         u->nd = nd;
         ovf |= tps_mul_ovf(nd, u->inner, &u->W);
     }
-    /* every piece must hold what torch.chunk gives its rank */
-    for (int r = 0; r < tp; r++) {
+    /* every piece must hold what torch.chunk (or the layout) gives its rank */
+    for (int r = 0; r < ns; r++) {
         int p = u->piece[r];
         if (p < 0) continue;
-        const tps_piece *pc = &ct->pieces[p];
+        const tps_piece *pc = slot_piece(u, r);
         uint64_t want = ct->nbytes;
         if (u->dim >= 0) {
             if (pc->lo != u->lo[r] || pc->hi != u->lo[r] + u->len[r]) {
                 u->pre = tps_asprintf("rank %d holds [%llu, %llu) along dim %d, torch.chunk gives "
                                       "[%llu, %llu)",
-                                      r, (unsigned long long)pc->lo, (unsigned long long)pc->hi,
+                                      u->slot_rank[r], (unsigned long long)pc->lo,
+                                      (unsigned long long)pc->hi,
                                       u->dim, (unsigned long long)u->lo[r],
                                       (unsigned long long)(u->lo[r] + u->len[r]));
                 return TPS_OK;
@@ -690,13 +791,14 @@ static tps_err analyze_unit(vctx *V, vunit *u)
             if (!bytewise && !ovf) want = outer * u->len[r] * u->inner;
         }
         if (!bytewise && !ovf && pc->nbytes != want) {
-            u->pre = tps_asprintf("rank %d's shard has %llu bytes, its shape needs %llu", r,
+            u->pre = tps_asprintf("rank %d's shard has %llu bytes, its shape needs %llu",
+                                  u->slot_rank[r],
                                   (unsigned long long)pc->nbytes, (unsigned long long)want);
             return TPS_OK;
         }
-        char *h = check_piece_header(V, u, p);
+        char *h = check_piece_header(V, u, pc);
         if (h) {
-            u->pre = tps_asprintf("rank %d: %s", r, h);
+            u->pre = tps_asprintf("rank %d: %s", u->slot_rank[r], h);
             free(h);
             return TPS_OK;
         }
@@ -732,14 +834,16 @@ static tps_err analyze_unit(vctx *V, vunit *u)
     /* the reading plan */
     if (!V->src) {
         u->mode = MODE_CRC;
-        u->crcpre = calloc((size_t)ct->npieces + 1, sizeof(uint64_t));
+        int np = ct->npieces + ct->nreplicas;
+        u->crcpre = calloc((size_t)np + 1, sizeof(uint64_t));
         if (!u->crcpre) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-        for (int p = 0; p < ct->npieces; p++) {
-            uint64_t nb = ct->pieces[p].nbytes;
-            uint64_t c = V->local[ct->pieces[p].rank] ? (nb ? (nb + CHUNK - 1) / CHUNK : 1) : 0;
+        for (int p = 0; p < np; p++) {
+            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            uint64_t nb = pc->nbytes;
+            uint64_t c = V->local[pc->rank] ? (nb ? (nb + CHUNK - 1) / CHUNK : 1) : 0;
             u->crcpre[p + 1] = u->crcpre[p] + c;
         }
-        u->ntasks = u->crcpre[ct->npieces];
+        u->ntasks = u->crcpre[np];
         u->crcs = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint32_t));
         u->crclen = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint64_t));
         if (!u->crcs || !u->crclen) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
@@ -779,13 +883,13 @@ static tps_err analyze_unit(vctx *V, vunit *u)
             u->step = u->inner;
         else
             u->step = CHUNK;
-        u->segc = calloc((size_t)tp + 1, sizeof(uint64_t));
+        u->segc = calloc((size_t)ns + 1, sizeof(uint64_t));
         if (!u->segc) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-        for (int r = 0; r < tp; r++) {
+        for (int r = 0; r < ns; r++) {
             uint64_t wr = u->len[r] * u->inner;
             u->segc[r + 1] = u->segc[r] + (wr + u->step - 1) / u->step;
         }
-        u->per_o = u->segc[tp];
+        u->per_o = u->segc[ns];
         u->ntasks = outer * u->per_o;
     }
     if (!u->ntasks) u->ntasks = 1;
@@ -1416,12 +1520,12 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
     switch (u->mode) {
     case MODE_NONE: return TPS_OK;
     case MODE_CRC: {
-        int p = 0;
-        while (p + 1 <= ct->npieces && u->crcpre[p + 1] <= idx) p++;
-        if (p >= ct->npieces)
-            return TPS_OK; /* the placeholder task of a tensor with no local piece */
+        int p = 0, np = ct->npieces + ct->nreplicas;
+        while (p + 1 <= np && u->crcpre[p + 1] <= idx) p++;
+        if (p >= np) return TPS_OK; /* the placeholder task of a tensor with no local piece */
         uint64_t c = idx - u->crcpre[p];
-        uint64_t nb = ct->pieces[p].nbytes, off = c * CHUNK;
+        uint64_t nb = (p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces])->nbytes;
+        uint64_t off = c * CHUNK;
         size_t len = (size_t)(nb - off < CHUNK ? nb - off : CHUNK);
         if (nb == 0) len = 0;
         TPS_TRY(grow(V, tb, 1, len));
@@ -1472,6 +1576,15 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
                 int same = !memcmp(a, sh, (size_t)wr);
                 if (!same) note_diff(u, r, a, sh, (size_t)wr, 0);
                 TPS_TRY(job_rows(V, u, tb, slot, r, u->lo[r], u->len[r], sh, same ? 0 : NOT_SAME));
+            }
+            for (int r = tp; r < u->nslot; r++) { /* replicas: the same bytes, compared */
+                uint64_t wr = u->len[r] * u->inner;
+                if (!V->local[u->slot_rank[r]] || !wr) continue;
+                TPS_TRY(grow(V, tb, 2, (size_t)wr));
+                TPS_TRY(tps_ckpt_read_piece(ctx, V->ck, u->t, u->piece[r], 0, tb->cmp, (size_t)wr));
+                got += wr;
+                const unsigned char *a = tb->src + u->lo[r] * u->inner;
+                if (memcmp(a, tb->cmp, (size_t)wr)) note_diff(u, r, a, tb->cmp, (size_t)wr, 0);
             }
             break;
         }
@@ -1533,12 +1646,14 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
     case MODE_B: {
         uint64_t o = idx / u->per_o, c = idx % u->per_o;
         int r = 0;
-        while (r < tp && u->segc[r + 1] <= c) r++;
-        if (r >= tp) return TPS_OK;
+        while (r < u->nslot && u->segc[r + 1] <= c) r++;
+        if (r >= u->nslot) return TPS_OK;
         uint64_t wr = u->len[r] * u->inner, off = (c - u->segc[r]) * u->step;
         size_t len = (size_t)(wr - off < u->step ? wr - off : u->step);
-        int mine = V->local[r] && u->piece[r] >= 0;
-        int need_src = mine || (u->nk != NK_NONE && V->want_ref);
+        /* a replica slot: its bytes are compared, its rank's own rows are multiplied */
+        int rep = r >= tp;
+        int mine = V->local[u->slot_rank[r]] && u->piece[r] >= 0;
+        int need_src = mine || (!rep && u->nk != NK_NONE && V->want_ref);
         if (!need_src) return TPS_OK;
         TPS_TRY(grow(V, tb, 0, len));
         uint64_t soff = (o * u->nd + u->lo[r]) * u->inner + off, shoff = o * wr + off;
@@ -1562,13 +1677,14 @@ static tps_err run_task(vctx *V, vunit *u, uint64_t idx, tbuf *tb, int slot)
                 note_diff(u, r, tb->src + a, tb->cmp, n, shoff + a);
                 same = 0;
             }
-            if (!V->gpu && step < len) {
+            if (!rep && !V->gpu && step < len) {
                 uint64_t q0 = p0 + a / u->inner, nq = n / u->inner;
                 TPS_TRY(job_rows(V, u, tb, slot, -1, q0, nq, tb->src + a, NOT_SAME));
                 TPS_TRY(job_rows(V, u, tb, slot, r, q0, nq, tb->cmp, NOT_SAME));
             }
         }
         got = len;
+        if (rep) break;
         if (!V->gpu) {
             if (step == len) { /* one step: its products now */
                 TPS_TRY(job_rows(V, u, tb, slot, -1, p0, np, tb->src, NOT_SAME));
@@ -1777,13 +1893,24 @@ static void block_release(vctx *V, vblock *b)
     }
 }
 
+/* ", in 'model.layers.0.self_attn.qkv_proj.weight' at byte 1024" for a piece
+ * inside another rank tensor; "" otherwise. */
+static const char *slot_where(const vunit *u, int s)
+{
+    static _Thread_local char buf[320];
+    const tps_piece *pc = slot_piece(u, s);
+    if (!pc || !pc->holder || !strcmp(pc->holder, u->ct->name)) return "";
+    snprintf(buf, sizeof buf, ", in '%s' at byte %llu", pc->holder, (unsigned long long)pc->at);
+    return buf;
+}
+
 static char *recon_note(vctx *V, vunit *u, uint64_t *wrong)
 {
     char buf[1024];
     size_t n = 0;
     int shown = 0, more = 0;
     *wrong = 0;
-    for (int r = 0; r < V->tp; r++) {
+    for (int r = 0; r < u->nslot; r++) {
         uint64_t d = atomic_load(&u->diff[r]);
         if (!d) continue;
         *wrong += d;
@@ -1801,10 +1928,11 @@ static char *recon_note(vctx *V, vunit *u, uint64_t *wrong)
                                   d == 1 ? "s" : "", (unsigned long long)u->first[r]);
         else
             n += (size_t)snprintf(buf + n, sizeof buf - n,
-                                  "%srank %d (%s): %llu byte%s of the shard differ%s from the "
+                                  "%srank %d (%s%s): %llu byte%s of the %s differ%s from the "
                                   "source, first at byte %llu",
-                                  n ? "; " : "", r, rank_file(V, u, r), (unsigned long long)d,
-                                  d == 1 ? "" : "s", d == 1 ? "s" : "",
+                                  n ? "; " : "", u->slot_rank[r], rank_file(V, u, r),
+                                  slot_where(u, r), (unsigned long long)d, d == 1 ? "" : "s",
+                                  r >= V->tp ? "replica" : "shard", d == 1 ? "s" : "",
                                   (unsigned long long)u->first[r]);
     }
     if (!*wrong) return NULL;
@@ -1821,8 +1949,8 @@ static tps_err crc_row(vctx *V, vunit *u)
     size_t n = 0;
     uint32_t ref = 0;
     int have_ref = 0, repl_differs = 0;
-    for (int p = 0; p < ct->npieces; p++) {
-        const tps_piece *pc = &ct->pieces[p];
+    for (int p = 0; p < ct->npieces + ct->nreplicas; p++) {
+        const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
         if (u->dim < 0 && pc->has_crc) {
             if (!have_ref)
                 ref = pc->crc, have_ref = 1;
@@ -1873,8 +2001,8 @@ static tps_err finalize(vctx *V, vunit *u)
     } else {
         uint64_t wrong = 0, total = 0;
         char *note = u->pre ? tps_strdup(u->pre) : recon_note(V, u, &wrong);
-        for (int r = 0; r < V->tp; r++)
-            if (V->local[r] && u->piece[r] >= 0) total += ct->pieces[u->piece[r]].nbytes;
+        for (int r = 0; r < u->nslot; r++)
+            if (V->local[u->slot_rank[r]] && u->piece[r] >= 0) total += slot_piece(u, r)->nbytes;
         if (u->mode == MODE_LOGICAL) total = ct->nbytes;
         if (rep_add(V->R, ct->name, u->dim < 0 ? "replicated" : "reconstruct", 0, 0, wrong, total,
                     !u->pre && !wrong, note))
@@ -2043,6 +2171,7 @@ static void vctx_free(vctx *V)
         free(u->len);
         free(u->diff);
         free(u->first);
+        free(u->slot_rank);
         free(u->crcs);
         free(u->crclen);
         free(u->pre);
@@ -2066,9 +2195,55 @@ static void vctx_free(vctx *V)
         tps_gpu_close(V->gpu);
     }
     tps_ckpt_free(V->src);
+    tps_layout_free(V->lay);
+    tps_layout_spec_free(V->spec);
+    free(V->lay_piece_rt);
     tps_ckpt_free(V->ck);
     pthread_mutex_destroy(&V->fin_mu);
     pthread_mutex_destroy(&V->err_mu);
+}
+
+/* A serving layout's directory: the layout compiled again from what the
+ * manifest recorded (the layout file, each tensor's style) and the
+ * directory's config.json, so that every piece can be checked against where
+ * the layout puts it rather than against the manifest alone. */
+static tps_err expect_layout(vctx *V)
+{
+    tps_ctx *ctx = V->ctx;
+    const tps_ckpt *ck = V->ck;
+    tps_err rc = TPS_OK;
+    tps_style *st = tps_xcalloc(ck->n ? ck->n : 1, sizeof *st);
+    if (!st) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+    size_t nse = 0;
+    style_ent *se = style_index(ck, &nse);
+    for (size_t i = 0; i < ck->n; i++) {
+        const char *sn = style_of(se, nse, ck->t[i].name);
+        st[i] = TPS_STYLE_REPLICATE;
+        if (sn && tps_style_lookup(sn, &st[i]))
+            TPS_FAIL_IF(1, ctx, TPS_E_JSON, "%s: tensor '%s': unknown style '%s' in the manifest",
+                        ck->path, ck->t[i].name, sn);
+    }
+    if (ck->layout_text)
+        TPS_CHECK(tps_lspec_parse(ctx, "the layout recorded in tpshard.json", ck->layout_text,
+                                  strlen(ck->layout_text), &V->spec));
+    else
+        TPS_CHECK(tps_layout_spec_builtin(ctx, ck->layout_name, &V->spec));
+    TPS_FAIL_IF(strcmp(V->spec->name, ck->layout_name), ctx, TPS_E_MISMATCH,
+                "%s: the manifest's layout is %s but its layout file is %s", ck->path,
+                ck->layout_name, V->spec->name);
+    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->spec, V->tp, st, &V->lay));
+    TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
+                "%s: layout %s would not write this model at tp %d: %s", ck->path,
+                V->spec->name, V->tp, V->lay->rejected);
+    V->lay_piece_rt = tps_xmalloc((V->lay->npieces ? V->lay->npieces : 1) * sizeof(int));
+    TPS_FAIL_IF(!V->lay_piece_rt, ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (size_t k = 0; k < V->lay->nrt; k++)
+        for (size_t j = 0; j < V->lay->rt[k].npieces; j++)
+            V->lay_piece_rt[V->lay->rt[k].piece0 + j] = (int)k;
+out:
+    free(se);
+    free(st);
+    return rc;
 }
 
 tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **out)
@@ -2110,6 +2285,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
         o->dir, TPS_MANIFEST);
     V->tp = V->ck->tp;
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
+    if (V->ck->layout_target) TPS_CHECK(expect_layout(V));
     if (o->source) TPS_CHECK(tps_ckpt_open(ctx, o->source, &V->src));
     int nth = tps_threads(ctx);
     if (nth < 1) nth = 1;
@@ -2154,9 +2330,9 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     TPS_CHECK(build_order(V));
     for (size_t i = 0; i < V->nu; i++) {
         const vunit *u = &V->u[i];
-        for (int r = 0; r < V->tp; r++)
-            if (V->local[r] && u->piece[r] >= 0)
-                V->total_bytes += u->ct->pieces[u->piece[r]].nbytes;
+        for (int r = 0; r < u->nslot; r++)
+            if (V->local[u->slot_rank[r]] && u->piece[r] >= 0)
+                V->total_bytes += slot_piece(u, r)->nbytes;
     }
     if (!V->src)
         tps_log(ctx, TPS_LOG_INFO,
@@ -2177,6 +2353,18 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     }
     TPS_FAIL_IF(V->next_final != V->nu, ctx, TPS_E_IO, "verify: %zu tensors left unfinished",
                 V->nu - V->next_final);
+    /* a serving layout's other bytes: zero padding, the engine's constants */
+    if (V->ck->nrts && !o->tensors_glob) {
+        size_t nz = 0;
+        for (size_t k = 0; k < V->ck->nrts; k++)
+            for (size_t j = 0; j < V->ck->rts[k].nfills; j++)
+                nz += V->ck->rts[k].fills[j].kind != TPS_FILL_SOURCE;
+        tps_err fe = tps_check_fills(ctx, V->ck);
+        TPS_FAIL_IF(fe && fe != TPS_E_MISMATCH, ctx, fe, "%s", tps_ctx_errmsg(ctx));
+        TPS_FAIL_IF(rep_add(R, "padding and constants", "padding", 0, 0, fe ? 1 : 0, nz, !fe,
+                            fe ? tps_strdup(tps_ctx_errmsg(ctx)) : NULL),
+                    ctx, TPS_E_NOMEM, "verify: out of memory");
+    }
     /* source tensors the shards lack */
     if (V->src) {
         for (size_t i = 0; i < V->src->n; i++) {
