@@ -591,27 +591,49 @@ static const char *base_name(const char *p)
     return b ? b + 1 : p;
 }
 
-/* Name of rank r's file holding rank tensor k: its own when written here,
- * else part 0's name (ranks another --ranks run writes). */
-static void mw_rank_file(const engine *E, FILE *f, size_t k, int r)
-{
-    if (E->slots[k].file >= 0)
-        mw_str(f, base_name(E->files[E->slots[k].file].final));
-    else
-        fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
-}
+/* Entries of ranks an earlier --ranks run wrote come from its manifest, but
+ * are printed by the same code as ours, in the same order: a directory
+ * filled by several runs gets the manifest one split would write. */
 
-/* The entries of a previous manifest's item for rank r, appended to f. */
-static int mw_theirs(FILE *f, const cJSON *arr, int r, int first)
+/* The earlier run's entry (an object with "rank" r, and `key` equal to val
+ * when key is given) of array arr, or NULL. */
+static const cJSON *prev_entry(const cJSON *arr, int r, const char *key, const char *val)
 {
     for (const cJSON *e = arr ? arr->child : NULL; e; e = e->next) {
         const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
         if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
-        fputs(first ? "" : ", ", f);
-        first = 0;
-        mw_json(f, e);
+        if (!key) return e;
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
+        if (cJSON_IsString(v) && !strcmp(v->valuestring, val)) return e;
     }
-    return first;
+    return NULL;
+}
+
+/* Name of rank r's file holding rank tensor k: its own when written here,
+ * the earlier run's (prev, an entry with "file") for its ranks, else part
+ * 0's name. */
+static void mw_rank_file(const engine *E, FILE *f, size_t k, int r, const cJSON *prev)
+{
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(prev, "file");
+    if (E->slots[k].file >= 0)
+        mw_str(f, base_name(E->files[E->slots[k].file].final));
+    else if (cJSON_IsString(fn))
+        mw_str(f, fn->valuestring);
+    else
+        fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
+}
+
+typedef struct {
+    const char *name;
+    int rank, part;
+    uint64_t bytes;
+} fent;
+
+static int fent_cmp(const void *a, const void *b)
+{
+    const fent *x = a, *y = b;
+    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
+    return x->part < y->part ? -1 : x->part > y->part;
 }
 
 static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
@@ -674,23 +696,31 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     /* Every planned rank file, written or not, so a directory filled by
      * several --ranks runs can be checked for what is missing. */
     fputs("],\n\"files\": [", f);
-    first = 1;
-    for (size_t i = 0; i < E->nfiles; i++) {
-        fputs(first ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
-        first = 0;
-        mw_str(f, base_name(E->files[i].final));
-        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu}", E->files[i].rank,
-                E->files[i].part, (unsigned long long)E->files[i].size);
-    }
     const cJSON *pfiles = cJSON_GetObjectItemCaseSensitive(E->prev, "files");
-    for (const cJSON *pf = pfiles ? pfiles->child : NULL; pf; pf = pf->next) {
+    size_t nf = E->nfiles + (size_t)cJSON_GetArraySize(pfiles);
+    fent *fe = tps_xcalloc(nf ? nf : 1, sizeof *fe);
+    size_t m = 0;
+    for (size_t i = 0; fe && i < E->nfiles; i++)
+        fe[m++] = (fent){base_name(E->files[i].final), E->files[i].rank, E->files[i].part,
+                         E->files[i].size};
+    for (const cJSON *pf = pfiles ? pfiles->child : NULL; fe && pf; pf = pf->next) {
         const cJSON *rk = cJSON_GetObjectItemCaseSensitive(pf, "rank");
-        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint])
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(pf, "name");
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pf, "part");
+        const cJSON *by = cJSON_GetObjectItemCaseSensitive(pf, "bytes");
+        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint] ||
+            !cJSON_IsString(nm) || !cJSON_IsNumber(pt) || !cJSON_IsNumber(by))
             continue;
-        fputs(first ? "\n  " : ",\n  ", f);
-        first = 0;
-        mw_json(f, pf);
+        fe[m++] = (fent){nm->valuestring, rk->valueint, pt->valueint, (uint64_t)by->valuedouble};
     }
+    if (fe) qsort(fe, m, sizeof *fe, fent_cmp);
+    for (size_t i = 0; i < m; i++) {
+        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        mw_str(f, fe[i].name);
+        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu}", fe[i].rank, fe[i].part,
+                (unsigned long long)fe[i].bytes);
+    }
+    free(fe);
     fputs("],\n\"tensors\": [", f);
     const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
     const cJSON *pt = ptensors ? ptensors->child : NULL;
@@ -715,24 +745,31 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         fputs(", \"ranks\": [", f);
         const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
         if (pt) pt = pt->next;
-        int firstp = 1, done_r = -1;
+        int firstp = 1;
         for (size_t k = p0; k < p1; k++) {
             size_t pi = L->src_pieces[k];
             const tps_lpiece *p = &L->pieces[pi];
             const tps_region *g = &L->regions[p->region];
             size_t rk = (size_t)E->piece_rt[pi];
             const tps_rtensor *rt = &L->rt[rk];
-            if (theirs[p->rank]) {
-                if (done_r != p->rank) firstp = mw_theirs(f, pranks, p->rank, firstp);
-                done_r = p->rank;
-                continue;
+            /* an earlier run's entry of this piece: same rank, rows and place */
+            const cJSON *pe = NULL;
+            for (const cJSON *e = theirs[p->rank] && pranks ? pranks->child : NULL; e && !pe;
+                 e = e->next) {
+                const cJSON *er = cJSON_GetObjectItemCaseSensitive(e, "rank");
+                const cJSON *eo = cJSON_GetObjectItemCaseSensitive(e, "offset");
+                const cJSON *ea = cJSON_GetObjectItemCaseSensitive(e, "at");
+                if (cJSON_IsNumber(er) && er->valueint == p->rank && cJSON_IsNumber(eo) &&
+                    (uint64_t)eo->valuedouble == g->lo &&
+                    (ea ? cJSON_IsNumber(ea) && (uint64_t)ea->valuedouble == p->at : p->at == 0))
+                    pe = e;
             }
             uint64_t ls[TPS_MAX_DIMS];
             memcpy(ls, t->shape, sizeof ls);
             if (g->dim >= 0) ls[g->dim] = g->hi - g->lo;
             fprintf(f, "%s{\"rank\": %d, \"file\": ", firstp ? "" : ", ", p->rank);
             firstp = 0;
-            mw_rank_file(E, f, rk, p->rank);
+            mw_rank_file(E, f, rk, p->rank, pe);
             if (strcmp(rt->name, t->name)) {
                 fputs(", \"tensor\": ", f);
                 mw_str(f, rt->name);
@@ -744,8 +781,11 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
                     (unsigned long long)p->nbytes);
             /* dim -1: every piece is the whole tensor, copies by definition */
             if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
+            const cJSON *pc = cJSON_GetObjectItemCaseSensitive(pe, "crc32");
             if (E->slots[rk].file >= 0)
                 fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);
+            else if (cJSON_IsNumber(pc))
+                fprintf(f, ", \"crc32\": %.0f", pc->valuedouble);
             fputc('}', f);
         }
         fputs("]}", f);
@@ -758,16 +798,6 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         first = 1;
         const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
         for (int r = 0; r < E->tp; r++) {
-            if (theirs[r]) {
-                for (const cJSON *e = prts ? prts->child : NULL; e; e = e->next) {
-                    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
-                    if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
-                    fputs(first ? "\n  " : ",\n  ", f);
-                    first = 0;
-                    mw_json(f, e);
-                }
-                continue;
-            }
             for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
                 const tps_rtensor *rt = &L->rt[k];
                 if (rt->simple) continue;
@@ -776,7 +806,7 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
                 fprintf(f, "%d, \"name\": ", r);
                 mw_str(f, rt->name);
                 fputs(", \"file\": ", f);
-                mw_rank_file(E, f, k, r);
+                mw_rank_file(E, f, k, r, theirs[r] ? prev_entry(prts, r, "name", rt->name) : NULL);
                 fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
                 mw_shape(f, rt->shape, rt->ndim);
                 fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
