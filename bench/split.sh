@@ -16,7 +16,8 @@
 #
 # Environment: BENCH_DIR (default /dev/shm/tpshard-bench), PAIRS (6),
 # TP (8), RANK (3), RSS_SMALL (256M; empty to skip), WARMUP (1: one untimed
-# split and cp first), TPSHARD, KEEP (see bench/common.sh).
+# split and cp first), LAYOUT (dtensor; vllm or sglang: every split writes
+# that layout), TPSHARD, KEEP (see bench/common.sh).
 . "$(dirname "$0")/common.sh"
 
 PAIRS=${PAIRS:-6}
@@ -24,11 +25,12 @@ TP=${TP:-8}
 RANK=${RANK:-3}
 RSS_SMALL=${RSS_SMALL-256M}
 WARMUP=${WARMUP:-1}
+LAYOUT=${LAYOUT:-dtensor}
 SIZES=${*:-1G 4G 8G}
 
 bench_setup
 MACHINE=$(machine_line)
-say "# tpshard split --tp $TP vs cp"
+say "# tpshard split --tp $TP --layout $LAYOUT vs cp"
 say "machine: $MACHINE"
 load_line "at start"
 say "pairs: $PAIRS (best of $PAIRS alternated runs per side, medians too)"
@@ -49,7 +51,7 @@ cores() { calc "($M_user_s + $M_sys_s) / $M_wall_s"; echo; }
 
 run_split() { # LABEL OUTDIR [extra split options]
 	_l=$1; _o=$2; shift 2
-	measure "$_l" "$TPSHARD" split "$M" --tp "$TP" -o "$_o" --force -q "$@"
+	measure "$_l" "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" -o "$_o" --force -q "$@"
 }
 
 # ---------------------------------------------------------------- flat RSS
@@ -130,7 +132,7 @@ for S in $SIZES; do
 	r_best=$(calc "$sb / $cb"); r_med=$(calc "$sm / $cm")
 	t_best=$(calc "$tb / $cb"); t_med=$(calc "$tm / $cm")
 	gbs=$(calc "$BYTES / 1e9 / $sb"); cgbs=$(calc "$BYTES / 1e9 / $cb")
-	trss=$(time_rss "$TPSHARD" split "$M" --tp "$TP" -o "$OUT" --force -q); rm -rf "$OUT"
+	trss=$(time_rss "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" -o "$OUT" --force -q); rm -rf "$OUT"
 	say "  input:            $BYTES bytes ($(gib "$BYTES") GiB)"
 	say "  cp:               best $(fmt "$cb" 3) s, median $(fmt "$cm" 3) s ($(fmt "$cgbs" 2) GB/s), CPU/wall median $(fmt "$(median "$RUN/cores-cp")" 2)"
 	say "  split:            best $(fmt "$sb" 3) s, median $(fmt "$sm" 3) s ($(fmt "$gbs" 2) GB/s), CPU/wall median $(fmt "$(median "$RUN/cores-split")" 2), --threads 1 $(fmt "$(median "$RUN/cores-t1")" 2)"

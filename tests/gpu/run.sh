@@ -11,15 +11,17 @@
 #      CUDA toolkit or from the Python wheels that PyTorch brings); when that
 #      build fails, the .gpu/tpshard built by prepare.sh, said so;
 #      `tpshard --version` shows the backends;
-#   2. tiny checkpoints (every conformance split case, every family of
-#      testdata/gen.py, F16/F32/F8 weights): verify --backend cuda passes and
-#      agrees with --backend cpu check by check;
+#   2. tiny checkpoints (every conformance split case in its layout, every
+#      family of testdata/gen.py, the vllm and sglang layouts with replicated
+#      KV heads and a padded vocabulary, F16/F32/F8 weights): verify --backend
+#      cuda passes and agrees with --backend cpu check by check;
 #   3. a big synthetic Llama-shaped bf16 checkpoint (GPU_BIG, default 8G,
 #      smaller if the scratch disk is short) split at tp 2, 4 and 8: cuda
 #      passes, agrees with cpu on every check, GB/s of shard bytes (the bar:
 #      >= 10 GB/s on one H200);
-#   4. a 1 GiB one at tp 2, 4 and 8: cuda = cpu; one flipped bit in a rank
-#      file is caught by cuda (and nccl with 8 GPUs), naming the tensor;
+#   4. a 1 GiB one at tp 2, 4 and 8 and in the vllm layout at tp 8: cuda =
+#      cpu; one flipped bit in a rank file is caught by cuda (and nccl with 8
+#      GPUs), naming the tensor;
 #   5. --backend nccl: one process driving the GPUs present (tp = the GPU
 #      count, 8/4/2/1), and one process per rank with RANK/WORLD_SIZE/
 #      LOCAL_RANK and --nccl-id-file; tp 8 on fewer GPUs is a clear error,
@@ -175,14 +177,23 @@ for c in testdata/conformance/*/; do
   c=${c%/}; name=$(basename "$c")
   grep -q '"expect": "split"' "$c/case.json" || continue
   tp=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["tp"])' "$c/case.json")
-  "$TPS" split "$c/model" --tp "$tp" -o "$W/$name" -q || { step "split $name" false; continue; }
-  step "cuda = cpu on $name (tp $tp)" tiny "$W/$name" "$c/model"
+  lay=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("layout", "dtensor"))' "$c/case.json")
+  "$TPS" split "$c/model" --tp "$tp" --layout "$lay" -o "$W/$name" -q || { step "split $name" false; continue; }
+  step "cuda = cpu on $name (tp $tp, layout $lay)" tiny "$W/$name" "$c/model"
 done
 for fam in llama qwen2 qwen3 gemma3 gemma4; do
   tp=2; [ $fam = gemma3 ] && tp=1
   python3 testdata/gen.py $fam "$W/g-$fam" --seed 7 >/dev/null &&
     "$TPS" split "$W/g-$fam" --tp $tp -o "$W/g-$fam-s" -q || { step "make $fam" false; continue; }
   step "cuda = cpu on generated $fam (tp $tp)" tiny "$W/g-$fam-s" "$W/g-$fam"
+done
+for lay in vllm sglang; do # serving layouts: fused tensors, replicated KV heads, padding
+  for tp in 4 8; do
+    python3 testdata/gen.py llama "$W/s-$lay-$tp" --kv-heads 2 --vocab 250 --seed 5 >/dev/null &&
+      "$TPS" split "$W/s-$lay-$tp" --tp $tp --layout $lay -o "$W/s-$lay-$tp-s" -q ||
+      { step "make $lay tp $tp" false; continue; }
+    step "cuda = cpu on llama, layout $lay, tp $tp (2 KV heads, vocab 250)" tiny "$W/s-$lay-$tp-s" "$W/s-$lay-$tp"
+  done
 done
 sed '/^checks:/,$d' plans/llama.yaml >"$W/nocheck.yaml"
 for dt in F16 F32 F8_E4M3; do
@@ -253,6 +264,10 @@ for tp in 2 4 8; do
   step "cuda = cpu on 1 GiB llama, tp $tp" tiny "$W/m1-tp$tp" "$M1"
   [ -f "$W/m1-tp$tp.cuda.json" ] && figure "1 GiB tp $tp --backend cuda: $(gbs "$W/m1-tp$tp.cuda.json"); cpu: $(gbs "$W/m1-tp$tp.cpu.json")"
 done
+"$TPS" split "$M1" --tp 8 --layout vllm -o "$W/m1-vllm" -q || step "split 1G --layout vllm" false
+step "cuda = cpu on 1 GiB llama, layout vllm, tp 8" tiny "$W/m1-vllm" "$M1"
+[ -f "$W/m1-vllm.cuda.json" ] && figure "1 GiB vllm tp 8 --backend cuda: $(gbs "$W/m1-vllm.cuda.json"); cpu: $(gbs "$W/m1-vllm.cpu.json")"
+rm -rf "$W/m1-vllm"
 flip() { # FILE: flips a mantissa bit in the middle of rank 3's first sharded up_proj; prints it
   python3 - "$1" <<'EOF'
 import json, struct, sys
