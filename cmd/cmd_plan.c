@@ -34,6 +34,111 @@ int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_fi
     return 0;
 }
 
+static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+static int same_layer(const tps_layer_view *a, const tps_layer_view *b)
+{
+    return a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           same_str(a->type, b->type) && same_str(a->heads_from, b->heads_from) &&
+           same_str(a->kv_heads_from, b->kv_heads_from) &&
+           same_str(a->head_dim_from, b->head_dim_from);
+}
+
+static const char *count_str(int64_t v, char *buf, size_t len)
+{
+    if (v < 0) return "?";
+    snprintf(buf, len, "%lld", (long long)v);
+    return buf;
+}
+
+/* "per_layer_config", "global_head_dim, num_global_key_value_heads" or "". */
+static void from_str(const tps_layer_view *v, char *buf, size_t len)
+{
+    const char *f[3] = {v->heads_from, v->kv_heads_from, v->head_dim_from};
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= same_str(f[i], f[j]);
+        if (f[i] && !dup && o < len)
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", f[i]);
+    }
+}
+
+/* The layers as groups of alike ones: "layers 0-4, 6 (sliding_attention): 8 heads, ...".
+ * At most 32 groups; a config whose layers differ more is summed up. */
+static void print_layers(const tps_layout *L)
+{
+    size_t n = tps_layout_layer_count(L), shown = 0;
+    if (!n) return;
+    printf("\nattention per layer (config.json):\n");
+    size_t firsts[32];
+    int ng = 0;
+    for (size_t i = 0; i < n && ng < 32; i++) {
+        tps_layer_view v, w;
+        tps_layout_layer(L, i, &v);
+        int seen = 0;
+        for (int g = 0; g < ng && !seen; g++) {
+            tps_layout_layer(L, firsts[g], &w);
+            seen = same_layer(&v, &w);
+        }
+        if (seen) continue;
+        firsts[ng++] = i;
+        char list[160], b1[24], b2[24], b3[24], fb[128];
+        size_t o = 0, count = 0;
+        int more = 0;
+        for (size_t j = i; j < n; j++) {
+            tps_layout_layer(L, j, &w);
+            if (!same_layer(&v, &w)) continue;
+            size_t k = j;
+            while (k + 1 < n && (tps_layout_layer(L, k + 1, &w), same_layer(&v, &w))) k++;
+            count += k - j + 1;
+            if (o < sizeof list - 40)
+                o += (size_t)(k > j ? snprintf(list + o, sizeof list - o, "%s%zu-%zu", o ? ", " : "", j, k)
+                                    : snprintf(list + o, sizeof list - o, "%s%zu", o ? ", " : "", j));
+            else
+                more = 1;
+            j = k;
+        }
+        if (more) snprintf(list + o, sizeof list - o, ", ...");
+        shown += count;
+        from_str(&v, fb, sizeof fb);
+        printf("  layer%s %s%s%s%s: %s heads, %s KV heads, head_dim %s%s%s\n", count > 1 ? "s" : "",
+               list, v.type ? " (" : "", v.type ? v.type : "", v.type ? ")" : "",
+               count_str(v.heads, b1, sizeof b1), count_str(v.kv_heads, b2, sizeof b2),
+               count_str(v.head_dim, b3, sizeof b3), fb[0] ? ", from " : "", fb);
+    }
+    if (shown < n) printf("  ... and %zu more layers with other values (see --json)\n", n - shown);
+}
+
+static void json_layers(const tps_layout *L)
+{
+    jw_key("layers");
+    jw_arr();
+    for (size_t i = 0; i < tps_layout_layer_count(L); i++) {
+        tps_layer_view v;
+        tps_layout_layer(L, i, &v);
+        jw_obj();
+        jw_kint("layer", (int64_t)i);
+        jw_kstr("type", v.type);
+        jw_key("num_attention_heads");
+        v.heads < 0 ? jw_null() : jw_int(v.heads);
+        jw_key("num_key_value_heads");
+        v.kv_heads < 0 ? jw_null() : jw_int(v.kv_heads);
+        jw_key("head_dim");
+        v.head_dim < 0 ? jw_null() : jw_int(v.head_dim);
+        /* Where the fields that are not the config's own came from. */
+        jw_key("from");
+        jw_obj();
+        if (v.heads_from) jw_kstr("num_attention_heads", v.heads_from);
+        if (v.kv_heads_from) jw_kstr("num_key_value_heads", v.kv_heads_from);
+        if (v.head_dim_from) jw_kstr("head_dim", v.head_dim_from);
+        jw_end();
+        jw_end();
+    }
+    jw_end();
+}
+
 static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char *buf, size_t len)
 {
     size_t o = (size_t)snprintf(buf, len, "[");
@@ -88,6 +193,7 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         jw_kstr("plan", tps_plan_name(plan));
         jw_kint("tp", tp);
         jw_kstr("rejected", rej);
+        json_layers(L);
         jw_key("checks");
         jw_arr();
         for (size_t i = 0; i < tps_layout_check_count(L); i++) {
@@ -163,6 +269,7 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
     printf("\nsource %s; all ranks %s; replication overhead %.1f%%; largest rank %.1f%% of the source\n",
            cli_human(total, b1, sizeof b1), cli_human(sum, b2, sizeof b2), 100.0 * overhead,
            total ? 100.0 * (double)maxr / (double)total : 0.0);
+    print_layers(L);
     printf("\nchecks:\n");
     for (size_t i = 0; i < tps_layout_check_count(L); i++) {
         tps_check_view c;

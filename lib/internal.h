@@ -82,6 +82,33 @@ int tps_utf8_valid(const char *s, size_t len);
  * null counts as absent. */
 const cJSON *tps_config_get(const cJSON *config, const char *field);
 
+/* ------------------------------------------------------------------ layers (layers.c) */
+
+/* A config read layer by layer: per_layer_config overrides, else the older
+ * Gemma4 fields for full-attention layers, else the config's own fields. */
+typedef struct {
+    const cJSON *config;
+    int n;                /* layers: num_hidden_layers, else layer_types' length; 0 unknown */
+    const cJSON *types;   /* layer_types, or NULL */
+    const cJSON **over;   /* [n]: layer i's per_layer_config entry, or NULL */
+    int has_plc;          /* per_layer_config is present (the older fields then do not apply) */
+    int old_hd, old_kv;   /* global_head_dim / num_global_key_value_heads apply */
+} tps_layers;
+
+/* Validates per_layer_config (TPS_E_CONFIG naming label and the key). Borrows config. */
+tps_err tps_layers_open(tps_ctx *ctx, const cJSON *config, const char *label, tps_layers *ly);
+void tps_layers_close(tps_layers *ly);
+const char *tps_layers_type(const tps_layers *ly, int i); /* layer_types[i] or NULL */
+/* field at layer i; *from: NULL for the config's own field, else "per_layer_config" or the
+ * older field it came from. */
+const cJSON *tps_layers_get(const tps_layers *ly, int i, const char *field, const char **from);
+/* 1 when some layer takes field from somewhere other than the config's own field. */
+int tps_layers_vary(const tps_layers *ly, const char *field);
+/* Layer i's attention heads, KV heads and head size (-1 unknown), with transformers'
+ * defaults; from[3]: where each came from, as tps_layers_get says. */
+void tps_layers_geometry(const tps_layers *ly, int i, int64_t *heads, int64_t *kv, int64_t *hd,
+                         const char **from);
+
 /* ------------------------------------------------------------------ crc */
 
 /* CRC32 as zlib's crc32_z computes it, faster where the CPU allows. */
@@ -264,6 +291,7 @@ typedef struct {
     size_t npat;
     tps_style style;
     tps_cond *when;  /* NULL = always */
+    char *heads;     /* the per-layer count the sharded dim holds heads of, or NULL */
     int line;
 } tps_rule;
 
@@ -325,6 +353,8 @@ struct tps_layout {
     tps_check_outcome *checks;
     size_t nchecks;
     char *rejected;
+    tps_layer_view *layers; /* strings borrowed from the config and static text */
+    size_t nlayers;
 };
 
 /* Bytes of tensor i on rank r under the layout. */

@@ -209,6 +209,19 @@ void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
 /* NULL when accepted, else the first failed check's reason. */
 const char *tps_layout_rejected(const tps_layout *L);
 
+/* The attention geometry of every layer as config.json gives it, read layer
+ * by layer: transformers' per_layer_config, or for full-attention layers the
+ * older Gemma4 fields global_head_dim and num_global_key_value_heads. */
+typedef struct {
+    const char *type;                    /* layer_types entry, or NULL */
+    int64_t heads, kv_heads, head_dim;   /* -1: config.json does not say */
+    /* NULL: the config's own field; else "per_layer_config" or the older field it came from */
+    const char *heads_from, *kv_heads_from, *head_dim_from;
+} tps_layer_view;
+/* 0 without config.json or a layer count (num_hidden_layers, layer_types). */
+size_t tps_layout_layer_count(const tps_layout *L);
+void tps_layout_layer(const tps_layout *L, size_t i, tps_layer_view *v);
+
 /* ------------------------------------------------------------------ split */
 
 typedef struct {
