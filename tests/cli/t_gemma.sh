@@ -55,16 +55,25 @@ expect_stdout_has "verify: PASS" "gemma4 E-series verify passes"
 expect_exit 1 "gemma4 E-series at tp 4 is rejected (2 KV heads)" -- tps split "$T/g4e" --tp 4 -o "$T/g4e-tp4"
 expect_stderr_has "num_key_value_heads" "the rejection names num_key_value_heads"
 
-# Gemma4 31B-like: untied lm_head is colwise; full-attention layers without v_proj.
+# Gemma4 31B-like (tied, as Gemma4ForConditionalGeneration must be): full-attention layers
+# without v_proj, with their own head size and KV heads in the older top-level fields.
 for dt in BF16 F16 F32; do
-  gen gemma4 "$T/g4d$dt" --gemma4-variant dense --kv-heads 4 --global-kv-heads 2 --untied --no-v-proj-full --dtype $dt --seed 14 >/dev/null
+  gen gemma4 "$T/g4d$dt" --gemma4-variant dense --kv-heads 4 --global-kv-heads 2 --no-v-proj-full --dtype $dt --seed 14 >/dev/null
   expect_exit 0 "gemma4 dense ($dt, no v_proj on full layers) splits at tp 2" -- tps split "$T/g4d$dt" --tp 2 -o "$T/g4d$dt-tp2" -q
   expect_exit 0 "gemma4 dense ($dt) verifies" -- tps verify "$T/g4d$dt-tp2" --source "$T/g4d$dt" -q
 done
-expect_placement "$T/g4dBF16-tp2" lm_head.weight "Shard(0)"
+expect_placement "$T/g4dBF16-tp2" lm_head.weight "absent"
 expect_exit 1 "gemma4 dense at tp 4 is rejected on the global KV heads" -- tps split "$T/g4dBF16" --tp 4 -o "$T/g4d-tp4"
 expect_stderr_has "num_global_key_value_heads" "the rejection names num_global_key_value_heads"
+expect_stderr_has "layer 1 (full_attention)" "the rejection names the layer"
 expect_stderr_has "1, 2" "the rejection lists the tp values that work"
+[ ! -e "$T/g4d-tp4" ] && ok "the rejected split wrote nothing" || notok "the rejected split wrote something"
+
+# Untied Gemma4: NeMo refuses Gemma4ForConditionalGeneration with tie_word_embeddings false.
+gen gemma4 "$T/g4u" --gemma4-variant dense --kv-heads 4 --global-kv-heads 2 --untied --seed 14 >/dev/null
+expect_exit 1 "untied gemma4 is refused at tp 2" -- tps split "$T/g4u" --tp 2 -o "$T/g4u-tp2"
+expect_stderr_has "tie_word_embeddings=False" "the refusal says Gemma4 does not support untied embeddings"
+[ ! -e "$T/g4u-tp2" ] && ok "the refused untied gemma4 wrote nothing" || notok "the refused untied gemma4 wrote something"
 
 # Vocabulary must divide by tp for Gemma4's balanced vocab-parallel offsets.
 gen gemma4 "$T/g4v" --gemma4-variant dense --kv-heads 4 --global-kv-heads 4 --vocab 250 --seed 15 >/dev/null
