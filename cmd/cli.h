@@ -71,6 +71,8 @@ void jw_kbool(const char *k, int v);
 int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
                             const char *family, tps_ckpt **ck, tps_plan **plan);
 int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
+/* --untie: unties ck by the plan; 0, 2 when it does not apply (usage), else 1. */
+int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const char *usage);
 
 /* Subcommands: each returns the exit status. */
 int cmd_inspect(int argc, char **argv);

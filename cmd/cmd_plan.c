@@ -7,7 +7,7 @@
 #include "cli.h"
 
 const char usage_plan[] =
-    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--list] [--json]\n"
+    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -17,6 +17,7 @@ const char usage_plan[] =
     "  --tp N          tensor-parallel size (1..4096)\n"
     "  --plan FILE     a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
+    "  --untie         plan the split of a tied checkpoint as split --untie writes it\n"
     "  --list          list the built-in plans and exit\n"
     "  --json          one JSON document on stdout\n"
     "  -q, -v          quieter, more verbose\n"
@@ -32,6 +33,14 @@ int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_fi
     else e = tps_plan_detect(ctx, *ck, plan);
     if (e) return cli_lib_error(ctx, e);
     return 0;
+}
+
+int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const char *usage)
+{
+    tps_err e = tps_ckpt_untie(ctx, ck, plan);
+    /* Not tied, no embedding, no config: --untie does not apply, a usage error. */
+    if (e == TPS_E_ARG) return cli_usage_error(usage, "%s", tps_ctx_errmsg(ctx));
+    return e ? cli_lib_error(ctx, e) : 0;
 }
 
 static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
@@ -193,6 +202,15 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         jw_kstr("plan", tps_plan_name(plan));
         jw_kint("tp", tp);
         jw_kstr("rejected", rej);
+        jw_key("untie");
+        if (tps_ckpt_untied_head(ck)) {
+            jw_obj();
+            jw_kstr("head", tps_ckpt_untied_head(ck));
+            jw_kstr("embedding", tps_ckpt_untied_embedding(ck));
+            jw_end();
+        } else {
+            jw_null();
+        }
         json_layers(L);
         jw_key("checks");
         jw_arr();
@@ -246,6 +264,10 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         return rej ? 1 : 0;
     }
     printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
+    if (tps_ckpt_untied_head(ck))
+        printf("untie: %s is written from %s's bytes; the output's config.json says "
+               "tie_word_embeddings false\n\n",
+               tps_ckpt_untied_head(ck), tps_ckpt_untied_embedding(ck));
     size_t w = 6;
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
@@ -318,12 +340,13 @@ int cmd_plan(int argc, char **argv)
     static const struct option opts[] = {
         {"tp", required_argument, 0, 't'},   {"plan", required_argument, 0, 'p'},
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
+        {"untie", no_argument, 0, 'u'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
         {0, 0, 0, 0}};
     long tp = 0;
     const char *plan_file = NULL, *family = NULL;
-    int list = 0, c;
+    int list = 0, untie = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -333,6 +356,7 @@ int cmd_plan(int argc, char **argv)
         case 'p': plan_file = optarg; break;
         case 'f': family = optarg; break;
         case 'l': list = 1; break;
+        case 'u': untie = 1; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -348,6 +372,7 @@ int cmd_plan(int argc, char **argv)
     tps_plan *plan = NULL;
     tps_layout *L = NULL;
     int status = cli_open_model_and_plan(ctx, argv[optind], plan_file, family, &ck, &plan);
+    if (!status && untie) status = cli_untie(ctx, ck, plan, usage_plan);
     if (!status) {
         tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);

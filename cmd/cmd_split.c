@@ -8,7 +8,8 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--ranks LIST] "
-    "[--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] [-q | -v] [--json]\n"
+    "[--untie] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] [-q | -v] "
+    "[--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
     "shard PyTorch DTensor gives that rank, then the manifest tpshard.json, and\n"
@@ -20,6 +21,8 @@ const char usage_split[] =
     "  --plan FILE          a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME        a built-in plan by name; default: detected from config.json\n"
     "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
+    "  --untie              tied checkpoint: write lm_head from the embedding and set\n"
+    "                       tie_word_embeddings false in the copied config.json\n"
     "  --threads N          worker threads; default: all cores\n"
     "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
     "  --no-mmap            read the source with pread instead of mapping it\n"
@@ -37,12 +40,13 @@ int cmd_split(int argc, char **argv)
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
         {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
+        {"untie", no_argument, 0, 'u'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     long tp = 0, threads = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL;
     uint64_t max_part = 0;
-    int force = 0, dry = 0, no_mmap = 0, c;
+    int force = 0, dry = 0, no_mmap = 0, untie = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -62,6 +66,7 @@ int cmd_split(int argc, char **argv)
         case 'F': force = 1; break;
         case 'M': no_mmap = 1; break;
         case 'n': dry = 1; break;
+        case 'u': untie = 1; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -88,6 +93,7 @@ int cmd_split(int argc, char **argv)
     tps_layout *L = NULL;
     char *outbuf = NULL;
     int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
+    if (!status && untie) status = cli_untie(ctx, ck, plan, usage_split);
     if (status) goto done;
     tps_err e = tps_layout_new(ctx, ck, plan, (int)tp, &L);
     if (e) {

@@ -220,6 +220,9 @@ typedef struct {
     tps_piece *pieces;  /* dim >= 0: sorted by lo; dim < 0: one per rank (piece 0 is read) */
     const char *origin; /* the original file name it belongs to (merge) */
     char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
+    /* An untied head (--untie): the embedding whose bytes it holds, or NULL.
+     * Not part of the original files: merge leaves it out. */
+    const char *derived_from;
 } tps_ctensor;
 
 typedef struct {
@@ -254,10 +257,21 @@ struct tps_ckpt {
     char *plan_name;    /* sharded dirs: plan recorded in the manifest */
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
+    char *config_text;  /* config.json as read, or NULL */
+    char *config_out;   /* untie: the config.json a split writes instead of copying it */
+    /* untie (made here, or read from a sharded dir's manifest): the head tensor written from
+     * the embedding, and the original config.json that merge restores */
+    char *untie_head, *untie_embedding, *untie_config;
 };
 
-/* Copies the config and tokenizer files of ck's directory into out_dir. */
-tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir);
+/* Copies the config and tokenizer files of ck's directory into out_dir;
+ * config_text, when not NULL, is written as config.json instead. */
+tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,
+                          const char *config_text);
+/* config.json text with tie_word_embeddings set to false at the top level and
+ * in text_config (inserted where absent), everything else byte for byte.
+ * NULL when the text is not a JSON object. Owned. */
+char *tps_json_untie_text(const char *text, size_t len);
 
 
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
@@ -312,6 +326,8 @@ struct tps_plan {
     char **model_types; size_t nmt;
     tps_rule *rules; size_t nrules;
     tps_pcheck *checks; size_t nchecks;
+    /* untie: module paths of a tied embedding and of the head it stands for */
+    char **untie_embedding, **untie_head; size_t nuntie;
 };
 
 /* Module path of a tensor name: everything before the last '.'. */

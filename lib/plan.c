@@ -543,6 +543,46 @@ static tps_err parse_rule(const pctx *pc, const ynode *m, tps_rule *r)
     return TPS_OK;
 }
 
+static int has_glob(const char *s, size_t n);
+
+/* A literal module path (untie entries name one module each, no pattern). */
+static tps_err check_module_path(const pctx *pc, const ynode *it)
+{
+    TPS_TRY(check_pattern(pc, it));
+    if (has_glob(it->s, strlen(it->s)))
+        return perr(pc, it->line, "'%.*s' must name one module: no '*', '?' or '['",
+                    shown(it->s), it->s);
+    return TPS_OK;
+}
+
+static tps_err parse_untie(const pctx *pc, const ynode *list, tps_plan *p)
+{
+    static const char *const known[] = {"embedding", "head"};
+    if (list->type != YN_SEQ)
+        return perr(pc, list->line, "'untie' must be a list of {embedding: PATH, head: PATH}, not %s",
+                    y_kind(list));
+    if (list->n > PLAN_MAX_RULES)
+        return perr(pc, list->line, "plan has %zu untie entries, more than the limit of %d",
+                    list->n, PLAN_MAX_RULES);
+    size_t cnt = list->n ? list->n : 1;
+    p->untie_embedding = tps_xcalloc(cnt, sizeof *p->untie_embedding);
+    p->untie_head = tps_xcalloc(cnt, sizeof *p->untie_head);
+    if (!p->untie_embedding || !p->untie_head) return nomem(pc->ctx);
+    for (size_t i = 0; i < list->n; i++) {
+        const ynode *v[2];
+        p->nuntie++;
+        TPS_TRY(map_fields(pc, list->kid[i], "untie entry", known, 2, v));
+        if (!v[0] || !v[1])
+            return perr(pc, list->kid[i]->line,
+                        "untie entry needs 'embedding' (the embedding module) and 'head' (the "
+                        "module of the output projection tied to it)");
+        TPS_TRY(get_str(pc, v[0], "embedding", &p->untie_embedding[i]));
+        TPS_TRY(check_module_path(pc, v[0]));
+        TPS_TRY(get_str(pc, v[1], "head", &p->untie_head[i]));
+        TPS_TRY(check_module_path(pc, v[1]));
+    }
+    return TPS_OK;
+}
 
 /* For a REJECT_IF check, tps_pcheck.field (unused by that kind otherwise)
  * holds the check's display name: the struct has no name member. */
@@ -584,14 +624,14 @@ static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
 
 static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
 {
-    static const char *const known[] = {"name", "description", "serves", "rules", "checks"};
+    static const char *const known[] = {"name", "description", "serves", "rules", "checks", "untie"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    const ynode *v[5], *sv[2];
+    const ynode *v[6], *sv[2];
 
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a plan must be a mapping with 'name' and 'rules', not %s",
                     y_kind(root));
-    TPS_TRY(map_fields(pc, root, "the plan", known, 5, v));
+    TPS_TRY(map_fields(pc, root, "the plan", known, 6, v));
     if (!v[0]) return perr(pc, root->line, "plan without 'name'");
     if (!v[3]) return perr(pc, root->line, "plan without 'rules'");
     TPS_TRY(get_str(pc, v[0], "name", &p->name));
@@ -635,6 +675,7 @@ static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
             TPS_TRY(parse_check(pc, checks->kid[i], &p->checks[i]));
         }
     }
+    if (v[5] && !y_is_null(v[5])) TPS_TRY(parse_untie(pc, v[5], p));
     return TPS_OK;
 }
 
@@ -663,6 +704,8 @@ void tps_plan_free(tps_plan *p)
         }
         free(p->rules[i].heads);
     }
+    strv_free(p->untie_embedding, p->nuntie);
+    strv_free(p->untie_head, p->nuntie);
     free(p->rules);
     for (size_t i = 0; i < p->nchecks; i++) {
         free(p->checks[i].field);

@@ -173,6 +173,20 @@ void tps_plan_free(tps_plan *p);
 const char *tps_plan_name(const tps_plan *p);
 const char *tps_plan_description(const tps_plan *p);
 
+/* Unties a tied checkpoint in this handle (split --untie): the plan's first
+ * `untie` entry whose embedding is in the checkpoint gives the head, which
+ * becomes one more tensor holding the embedding's bytes, and the config
+ * (what the checks read, and the config.json a split writes) says
+ * tie_word_embeddings false. A split records both in its manifest, so check,
+ * verify and merge know the head is derived (merge gives back the tied
+ * original). TPS_E_ARG when the checkpoint is not tied, has no such
+ * embedding, lacks config.json or the plan names no untie entry. Call it
+ * before tps_layout_new. */
+tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan);
+/* The untied head and the embedding it was written from; NULL when none. */
+const char *tps_ckpt_untied_head(const tps_ckpt *ck);
+const char *tps_ckpt_untied_embedding(const tps_ckpt *ck);
+
 /* ------------------------------------------------------------------ layout (plan x checkpoint x tp) */
 
 typedef struct tps_layout tps_layout;
