@@ -102,9 +102,10 @@ static void print_layers(const tps_layout *L)
             size_t k = j;
             while (k + 1 < n && (tps_layout_layer(L, k + 1, &w), same_layer(&v, &w))) k++;
             count += k - j + 1;
+            const char *sep = o ? ", " : "";
             if (o < sizeof list - 40)
-                o += (size_t)(k > j ? snprintf(list + o, sizeof list - o, "%s%zu-%zu", o ? ", " : "", j, k)
-                                    : snprintf(list + o, sizeof list - o, "%s%zu", o ? ", " : "", j));
+                o += (size_t)(k > j ? snprintf(list + o, sizeof list - o, "%s%zu-%zu", sep, j, k)
+                                    : snprintf(list + o, sizeof list - o, "%s%zu", sep, j));
             else
                 more = 1;
             j = k;

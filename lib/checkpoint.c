@@ -830,7 +830,10 @@ int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size
 /* ------------------------------------------------------------------ untie */
 
 const char *tps_ckpt_untied_head(const tps_ckpt *ck) { return ck ? ck->untie_head : NULL; }
-const char *tps_ckpt_untied_embedding(const tps_ckpt *ck) { return ck ? ck->untie_embedding : NULL; }
+const char *tps_ckpt_untied_embedding(const tps_ckpt *ck)
+{
+    return ck ? ck->untie_embedding : NULL;
+}
 
 tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
 {

@@ -559,7 +559,8 @@ static tps_err parse_untie(const pctx *pc, const ynode *list, tps_plan *p)
 {
     static const char *const known[] = {"embedding", "head"};
     if (list->type != YN_SEQ)
-        return perr(pc, list->line, "'untie' must be a list of {embedding: PATH, head: PATH}, not %s",
+        return perr(pc, list->line,
+                    "'untie' must be a list of {embedding: PATH, head: PATH}, not %s",
                     y_kind(list));
     if (list->n > PLAN_MAX_RULES)
         return perr(pc, list->line, "plan has %zu untie entries, more than the limit of %d",
@@ -624,7 +625,8 @@ static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
 
 static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
 {
-    static const char *const known[] = {"name", "description", "serves", "rules", "checks", "untie"};
+    static const char *const known[] = {"name",   "description", "serves",
+                                        "rules",  "checks",      "untie"};
     static const char *const sknown[] = {"architectures", "model_types"};
     const ynode *v[6], *sv[2];
 

@@ -166,7 +166,8 @@ static void test_older_gemma4_fields(void)
 static void test_defaults(void)
 {
     /* No head_dim: hidden_size / heads; no num_key_value_heads: one per head. */
-    cJSON *cfg = json("{\"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4}");
+    cJSON *cfg =
+        json("{\"num_hidden_layers\": 1, \"hidden_size\": 64, \"num_attention_heads\": 4}");
     tps_layers ly;
     CHECK(tps_layers_open(ctx, cfg, "c", &ly) == TPS_OK);
     int64_t h, kv, hd;
@@ -192,7 +193,8 @@ static void config_fails(const char *config, const char *want)
 
 static void test_malformed_per_layer_config(void)
 {
-    config_fails("{\"per_layer_config\": [1]}", "m/config.json: per_layer_config must be an object");
+    config_fails("{\"per_layer_config\": [1]}",
+                 "m/config.json: per_layer_config must be an object");
     config_fails("{\"text_config\": {\"per_layer_config\": {\"x\": {}}}}",
                  "m/config.json: text_config.per_layer_config: key \"x\" is not a layer index");
     config_fails("{\"per_layer_config\": {\"-1\": {}}}", "key \"-1\" is not a layer index");
@@ -265,9 +267,11 @@ static void test_untie_text(void)
              "{\n  \"a\": 1.0,\n  \"tie_word_embeddings\": false,\n  \"text_config\": {\n    "
              "\"tie_word_embeddings\": false,\n    \"x\": \"}\\\"{\"\n  }\n}\n");
     /* Absent: inserted first, indented like the first member. */
-    untie_is("{\n  \"model_type\": \"gemma3\",\n  \"text_config\": {\n    \"vocab_size\": 8\n  }\n}",
+    untie_is("{\n  \"model_type\": \"gemma3\",\n  \"text_config\": {\n    "
+             "\"vocab_size\": 8\n  }\n}",
              "{\n  \"tie_word_embeddings\": false,\n  \"model_type\": \"gemma3\",\n  "
-             "\"text_config\": {\n    \"tie_word_embeddings\": false,\n    \"vocab_size\": 8\n  }\n}");
+             "\"text_config\": {\n    \"tie_word_embeddings\": false,\n    \"vocab_size\": 8\n"
+             "  }\n}");
     untie_is("{\"tie_word_embeddings\":null,\"text_config\":{}}",
              "{\"tie_word_embeddings\":false,\"text_config\":{\"tie_word_embeddings\": false}}");
     untie_is("{}", "{\"tie_word_embeddings\": false}");
