@@ -76,6 +76,10 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
 int cli_open_layout(tps_ctx *ctx, const char *layout, tps_layout_spec **spec);
 /* "tpshard: error: plan|layout X rejects tp N: why" on stderr. */
 void cli_report_rejection(const tps_plan *plan, const tps_layout *L);
+/* --untie: unties ck by the plan (dtensor layout only, spec NULL); 0, 2 when it
+ * does not apply (usage), else 1. */
+int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const tps_layout_spec *spec,
+              const char *usage);
 
 /* Subcommands: each returns the exit status. */
 int cmd_inspect(int argc, char **argv);

@@ -7,8 +7,8 @@
 #include "cli.h"
 
 const char usage_plan[] =
-    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--list] "
-    "[--json]\n"
+    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--untie] "
+    "[--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -20,6 +20,7 @@ const char usage_plan[] =
     "  --plan FILE     a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
     "  --layout L      dtensor (default), vllm, sglang, or a layout file\n"
+    "  --untie         plan the split of a tied checkpoint as split --untie writes it\n"
     "  --list          list the built-in plans and layouts and exit\n"
     "  --json          one JSON document on stdout\n"
     "  -q, -v          quieter, more verbose\n"
@@ -35,6 +36,126 @@ int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_fi
     else e = tps_plan_detect(ctx, *ck, plan);
     if (e) return cli_lib_error(ctx, e);
     return 0;
+}
+
+int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const tps_layout_spec *spec,
+              const char *usage)
+{
+    /* The serving layouts write tied checkpoints as the engines load them. */
+    if (spec)
+        return cli_usage_error(usage, "--untie is for the dtensor layout; layout %s writes tied "
+                                      "checkpoints as its engine loads them",
+                               tps_layout_spec_name(spec));
+    tps_err e = tps_ckpt_untie(ctx, ck, plan);
+    /* Not tied, no embedding, no config: --untie does not apply, a usage error. */
+    if (e == TPS_E_ARG) return cli_usage_error(usage, "%s", tps_ctx_errmsg(ctx));
+    return e ? cli_lib_error(ctx, e) : 0;
+}
+
+static int same_str(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+static int same_layer(const tps_layer_view *a, const tps_layer_view *b)
+{
+    return a->heads == b->heads && a->kv_heads == b->kv_heads && a->head_dim == b->head_dim &&
+           same_str(a->type, b->type) && same_str(a->heads_from, b->heads_from) &&
+           same_str(a->kv_heads_from, b->kv_heads_from) &&
+           same_str(a->head_dim_from, b->head_dim_from);
+}
+
+static const char *count_str(int64_t v, char *buf, size_t len)
+{
+    if (v < 0) return "?";
+    snprintf(buf, len, "%lld", (long long)v);
+    return buf;
+}
+
+/* "per_layer_config", "global_head_dim, num_global_key_value_heads" or "". */
+static void from_str(const tps_layer_view *v, char *buf, size_t len)
+{
+    const char *f[3] = {v->heads_from, v->kv_heads_from, v->head_dim_from};
+    size_t o = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 3; i++) {
+        int dup = 0;
+        for (int j = 0; j < i; j++) dup |= same_str(f[i], f[j]);
+        if (f[i] && !dup && o < len)
+            o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", f[i]);
+    }
+}
+
+/* The layers as groups of alike ones: "layers 0-4, 6 (sliding_attention): 8 heads, ...".
+ * At most 32 groups; a config whose layers differ more is summed up. */
+static void print_layers(const tps_layout *L)
+{
+    size_t n = tps_layout_layer_count(L), shown = 0;
+    if (!n) return;
+    printf("\nattention per layer (config.json):\n");
+    size_t firsts[32];
+    int ng = 0;
+    for (size_t i = 0; i < n && ng < 32; i++) {
+        tps_layer_view v, w;
+        tps_layout_layer(L, i, &v);
+        int seen = 0;
+        for (int g = 0; g < ng && !seen; g++) {
+            tps_layout_layer(L, firsts[g], &w);
+            seen = same_layer(&v, &w);
+        }
+        if (seen) continue;
+        firsts[ng++] = i;
+        char list[160], b1[24], b2[24], b3[24], fb[128];
+        size_t o = 0, count = 0;
+        int more = 0;
+        for (size_t j = i; j < n; j++) {
+            tps_layout_layer(L, j, &w);
+            if (!same_layer(&v, &w)) continue;
+            size_t k = j;
+            while (k + 1 < n && (tps_layout_layer(L, k + 1, &w), same_layer(&v, &w))) k++;
+            count += k - j + 1;
+            const char *sep = o ? ", " : "";
+            if (o < sizeof list - 40)
+                o += (size_t)(k > j ? snprintf(list + o, sizeof list - o, "%s%zu-%zu", sep, j, k)
+                                    : snprintf(list + o, sizeof list - o, "%s%zu", sep, j));
+            else
+                more = 1;
+            j = k;
+        }
+        if (more) snprintf(list + o, sizeof list - o, ", ...");
+        shown += count;
+        from_str(&v, fb, sizeof fb);
+        printf("  layer%s %s%s%s%s: %s heads, %s KV heads, head_dim %s%s%s\n", count > 1 ? "s" : "",
+               list, v.type ? " (" : "", v.type ? v.type : "", v.type ? ")" : "",
+               count_str(v.heads, b1, sizeof b1), count_str(v.kv_heads, b2, sizeof b2),
+               count_str(v.head_dim, b3, sizeof b3), fb[0] ? ", from " : "", fb);
+    }
+    if (shown < n) printf("  ... and %zu more layers with other values (see --json)\n", n - shown);
+}
+
+static void json_layers(const tps_layout *L)
+{
+    jw_key("layers");
+    jw_arr();
+    for (size_t i = 0; i < tps_layout_layer_count(L); i++) {
+        tps_layer_view v;
+        tps_layout_layer(L, i, &v);
+        jw_obj();
+        jw_kint("layer", (int64_t)i);
+        jw_kstr("type", v.type);
+        jw_key("num_attention_heads");
+        v.heads < 0 ? jw_null() : jw_int(v.heads);
+        jw_key("num_key_value_heads");
+        v.kv_heads < 0 ? jw_null() : jw_int(v.kv_heads);
+        jw_key("head_dim");
+        v.head_dim < 0 ? jw_null() : jw_int(v.head_dim);
+        /* Where the fields that are not the config's own came from. */
+        jw_key("from");
+        jw_obj();
+        if (v.heads_from) jw_kstr("num_attention_heads", v.heads_from);
+        if (v.kv_heads_from) jw_kstr("num_key_value_heads", v.kv_heads_from);
+        if (v.head_dim_from) jw_kstr("head_dim", v.head_dim_from);
+        jw_end();
+        jw_end();
+    }
+    jw_end();
 }
 
 static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char *buf, size_t len)
@@ -162,6 +283,16 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         jw_kstr("target", target);
         jw_kint("tp", tp);
         jw_kstr("rejected", rej);
+        jw_key("untie");
+        if (tps_ckpt_untied_head(ck)) {
+            jw_obj();
+            jw_kstr("head", tps_ckpt_untied_head(ck));
+            jw_kstr("embedding", tps_ckpt_untied_embedding(ck));
+            jw_end();
+        } else {
+            jw_null();
+        }
+        json_layers(L);
         jw_key("checks");
         jw_arr();
         for (size_t i = 0; i < tps_layout_check_count(L); i++) {
@@ -262,6 +393,10 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
                tps_layout_name(L), target, model, tp);
     else
         printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
+    if (tps_ckpt_untied_head(ck))
+        printf("untie: %s is written from %s's bytes; the output's config.json says "
+               "tie_word_embeddings false\n\n",
+               tps_ckpt_untied_head(ck), tps_ckpt_untied_embedding(ck));
     size_t w = 6;
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
@@ -292,6 +427,7 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
     printf("\nsource %s; all ranks %s; replication overhead %.1f%%; largest rank %.1f%% of the source\n",
            cli_human(total, b1, sizeof b1), cli_human(sum, b2, sizeof b2), 100.0 * overhead,
            total ? 100.0 * (double)maxr / (double)total : 0.0);
+    print_layers(L);
     printf("\nchecks:\n");
     for (size_t i = 0; i < tps_layout_check_count(L); i++) {
         tps_check_view c;
@@ -366,12 +502,13 @@ int cmd_plan(int argc, char **argv)
         {"tp", required_argument, 0, 't'},   {"plan", required_argument, 0, 'p'},
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
         {"layout", required_argument, 0, 'L'},
+        {"untie", no_argument, 0, 'u'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
         {0, 0, 0, 0}};
     long tp = 0;
     const char *plan_file = NULL, *family = NULL, *layout = NULL;
-    int list = 0, c;
+    int list = 0, untie = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -382,6 +519,7 @@ int cmd_plan(int argc, char **argv)
         case 'f': family = optarg; break;
         case 'l': list = 1; break;
         case 'L': layout = optarg; break;
+        case 'u': untie = 1; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -399,6 +537,7 @@ int cmd_plan(int argc, char **argv)
     tps_layout_spec *spec = NULL;
     int status = cli_open_model_and_plan(ctx, argv[optind], plan_file, family, &ck, &plan);
     if (!status) status = cli_open_layout(ctx, layout, &spec);
+    if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) {
         tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);

@@ -8,8 +8,8 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ranks LIST] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] [--dry-run] "
-    "[-q | -v] [--json]\n"
+    "[--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] "
+    "[--dry-run] [-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
     "shard PyTorch DTensor gives that rank (or, with --layout vllm|sglang, the\n"
@@ -23,6 +23,8 @@ const char usage_split[] =
     "  --family NAME        a built-in plan by name; default: detected from config.json\n"
     "  --layout L           dtensor (default), vllm, sglang, or a layout file\n"
     "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
+    "  --untie              tied checkpoint: write lm_head from the embedding and set\n"
+    "                       tie_word_embeddings false in the copied config.json\n"
     "  --threads N          worker threads; default: all cores\n"
     "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
     "  --no-mmap            read the source with pread instead of mapping it\n"
@@ -41,12 +43,13 @@ int cmd_split(int argc, char **argv)
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
         {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
+        {"untie", no_argument, 0, 'u'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     long tp = 0, threads = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
     uint64_t max_part = 0;
-    int force = 0, dry = 0, no_mmap = 0, c;
+    int force = 0, dry = 0, no_mmap = 0, untie = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -67,6 +70,7 @@ int cmd_split(int argc, char **argv)
         case 'F': force = 1; break;
         case 'M': no_mmap = 1; break;
         case 'n': dry = 1; break;
+        case 'u': untie = 1; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -95,6 +99,7 @@ int cmd_split(int argc, char **argv)
     char *outbuf = NULL;
     int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
     if (!status) status = cli_open_layout(ctx, layout, &spec);
+    if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
     tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
     if (e) {

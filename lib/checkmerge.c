@@ -221,6 +221,32 @@ out:
     return rc;
 }
 
+/* An untied head holds its embedding's bytes: placed alike, every rank's
+ * piece of the one has the CRC32 of its piece of the other (both CRCs were
+ * just found to match the bytes). */
+static tps_err check_untied(tps_ctx *ctx, const tps_ckpt *ck, const uint32_t *crc,
+                            const size_t *base)
+{
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *h = &ck->t[i];
+        if (!h->derived_from) continue;
+        int e = tps_ckpt_find(ck, h->derived_from); /* the manifest reader made sure it is there */
+        if (e < 0 || ck->t[e].dim != h->dim) continue;
+        const tps_ctensor *et = &ck->t[e];
+        for (int p = 0; p < h->npieces; p++)
+            for (int q = 0; q < et->npieces; q++)
+                if (et->pieces[q].rank == h->pieces[p].rank)
+                    TPS_TRY(crc[base[i] + (size_t)p] != crc[base[e] + (size_t)q]
+                                ? tps_fail(ctx, TPS_E_MISMATCH,
+                                           "%s: tensor '%s' on rank %d differs from '%s', the "
+                                           "embedding the manifest says it was written from",
+                                           ck->files[h->pieces[p].file].path, h->name,
+                                           h->pieces[p].rank, et->name)
+                                : TPS_OK);
+    }
+    return TPS_OK;
+}
+
 tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
 {
     memset(res, 0, sizeof *res);
@@ -271,6 +297,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
         res->tensors_checked++;
     }
     TPS_CHECK(tps_check_fills(ctx, ck));
+    TPS_CHECK(check_untied(ctx, ck, crc, base));
 out:
     free(crc);
     free(base);
@@ -374,7 +401,7 @@ static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, 
     tmp = tps_tmp_name(final);
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
-        if (strcmp(t->origin, origin) != 0) continue;
+        if (strcmp(t->origin, origin) != 0 || t->derived_from) continue;
         map[n] = i;
         ent[n++] = (tps_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
                                   .shape = t->shape, .nbytes = t->nbytes};
@@ -450,11 +477,15 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
 {
     cJSON *root = cJSON_CreateObject();
     cJSON *meta = ck->index_meta ? cJSON_Duplicate(ck->index_meta, 1) : cJSON_CreateObject();
+    uint64_t total = 0;
+    for (size_t i = 0; i < ck->n; i++)
+        if (!ck->t[i].derived_from) total += ck->t[i].nbytes;
     cJSON_DeleteItemFromObjectCaseSensitive(meta, "total_size");
-    cJSON_AddNumberToObject(meta, "total_size", (double)tps_ckpt_total_bytes(ck));
+    cJSON_AddNumberToObject(meta, "total_size", (double)total);
     cJSON_AddItemToObject(root, "metadata", meta);
     cJSON *wm = cJSON_AddObjectToObject(root, "weight_map");
-    for (size_t i = 0; i < ck->n; i++) cJSON_AddStringToObject(wm, ck->t[i].name, ck->t[i].origin);
+    for (size_t i = 0; i < ck->n; i++)
+        if (!ck->t[i].derived_from) cJSON_AddStringToObject(wm, ck->t[i].name, ck->t[i].origin);
     char *text = cJSON_Print(root);
     cJSON_Delete(root);
     if (!text) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
@@ -508,7 +539,8 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
         if (files_written) (*files_written)++;
     }
     if (ck->index_name) TPS_CHECK(write_index(ctx, ck, o->out_dir));
-    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir));
+    /* An untied split gives back the config.json of the tied original. */
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->untie_config));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
 out:
     free(a);

@@ -82,6 +82,33 @@ int tps_utf8_valid(const char *s, size_t len);
  * null counts as absent. */
 const cJSON *tps_config_get(const cJSON *config, const char *field);
 
+/* ------------------------------------------------------------------ layers (layers.c) */
+
+/* A config read layer by layer: per_layer_config overrides, else the older
+ * Gemma4 fields for full-attention layers, else the config's own fields. */
+typedef struct {
+    const cJSON *config;
+    int n;                /* layers: num_hidden_layers, else layer_types' length; 0 unknown */
+    const cJSON *types;   /* layer_types, or NULL */
+    const cJSON **over;   /* [n]: layer i's per_layer_config entry, or NULL */
+    int has_plc;          /* per_layer_config is present (the older fields then do not apply) */
+    int old_hd, old_kv;   /* global_head_dim / num_global_key_value_heads apply */
+} tps_layers;
+
+/* Validates per_layer_config (TPS_E_CONFIG naming label and the key). Borrows config. */
+tps_err tps_layers_open(tps_ctx *ctx, const cJSON *config, const char *label, tps_layers *ly);
+void tps_layers_close(tps_layers *ly);
+const char *tps_layers_type(const tps_layers *ly, int i); /* layer_types[i] or NULL */
+/* field at layer i; *from: NULL for the config's own field, else "per_layer_config" or the
+ * older field it came from. */
+const cJSON *tps_layers_get(const tps_layers *ly, int i, const char *field, const char **from);
+/* 1 when some layer takes field from somewhere other than the config's own field. */
+int tps_layers_vary(const tps_layers *ly, const char *field);
+/* Layer i's attention heads, KV heads and head size (-1 unknown), with transformers'
+ * defaults; from[3]: where each came from, as tps_layers_get says. */
+void tps_layers_geometry(const tps_layers *ly, int i, int64_t *heads, int64_t *kv, int64_t *hd,
+                         const char **from);
+
 /* ------------------------------------------------------------------ crc */
 
 /* CRC32 as zlib's crc32_z computes it, faster where the CPU allows. */
@@ -221,6 +248,9 @@ typedef struct {
     tps_piece *replicas;
     const char *origin; /* the original file name it belongs to (merge) */
     char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
+    /* An untied head (--untie): the embedding whose bytes it holds, or NULL.
+     * Not part of the original files: merge leaves it out. */
+    const char *derived_from;
 } tps_ctensor;
 
 typedef struct {
@@ -260,10 +290,21 @@ struct tps_ckpt {
     size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
+    char *config_text;  /* config.json as read, or NULL */
+    char *config_out;   /* untie: the config.json a split writes instead of copying it */
+    /* untie (made here, or read from a sharded dir's manifest): the head tensor written from
+     * the embedding, and the original config.json that merge restores */
+    char *untie_head, *untie_embedding, *untie_config;
 };
 
-/* Copies the config and tokenizer files of ck's directory into out_dir. */
-tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir);
+/* Copies the config and tokenizer files of ck's directory into out_dir;
+ * config_text, when not NULL, is written as config.json instead. */
+tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,
+                          const char *config_text);
+/* config.json text with tie_word_embeddings set to false at the top level and
+ * in text_config (inserted where absent), everything else byte for byte.
+ * NULL when the text is not a JSON object. Owned. */
+char *tps_json_untie_text(const char *text, size_t len);
 
 
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
@@ -297,6 +338,7 @@ typedef struct {
     size_t npat;
     tps_style style;
     tps_cond *when;  /* NULL = always */
+    char *heads;     /* the per-layer count the sharded dim holds heads of, or NULL */
     int line;
 } tps_rule;
 
@@ -317,6 +359,8 @@ struct tps_plan {
     char **model_types; size_t nmt;
     tps_rule *rules; size_t nrules;
     tps_pcheck *checks; size_t nchecks;
+    /* untie: module paths of a tied embedding and of the head it stands for */
+    char **untie_embedding, **untie_head; size_t nuntie;
 };
 
 /* Module path of a tensor name: everything before the last '.'. */
@@ -496,6 +540,8 @@ struct tps_layout {
     char **names;     /* made-up rank tensor names (owned) */
     size_t nnames;
     int dropped_any;  /* a source tensor with no piece (never: every byte must land) */
+    tps_layer_view *layers; /* strings borrowed from the config and static text */
+    size_t nlayers;
 };
 
 /* The layout of a directory split earlier: styles as its manifest recorded

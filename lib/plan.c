@@ -502,11 +502,21 @@ static tps_err parse_cond(const pctx *pc, const ynode *m, const char *what, tps_
     return TPS_OK;
 }
 
+static tps_err check_field_name(const pctx *pc, const ynode *it, const char *key)
+{
+    for (const char *c = it->s; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_'))
+            return perr(pc, it->line, "'%s: %.*s' is not a config.json field name", key,
+                        shown(it->s), it->s);
+    return TPS_OK;
+}
+
 static tps_err parse_rule(const pctx *pc, const ynode *m, tps_rule *r)
 {
-    static const char *const known[] = {"match", "style", "when"};
-    const ynode *v[3];
-    TPS_TRY(map_fields(pc, m, "rule", known, 3, v));
+    static const char *const known[] = {"match", "style", "when", "heads"};
+    const ynode *v[4];
+    TPS_TRY(map_fields(pc, m, "rule", known, 4, v));
     r->line = m->line;
     if (!v[0])
         return perr(pc, m->line, "rule without 'match' (the module path patterns it covers)");
@@ -522,6 +532,55 @@ static tps_err parse_rule(const pctx *pc, const ynode *m, tps_rule *r)
         r->when = tps_xcalloc(1, sizeof *r->when);
         if (!r->when) return nomem(pc->ctx);
         TPS_TRY(parse_cond(pc, v[2], "when", r->when));
+    }
+    if (v[3]) {
+        TPS_TRY(get_str(pc, v[3], "heads", &r->heads));
+        TPS_TRY(check_field_name(pc, v[3], "heads"));
+        if (r->style == TPS_STYLE_REPLICATE || r->style == TPS_STYLE_SEQPAR)
+            return perr(pc, v[3]->line, "'heads' needs a sharding style: %s replicates",
+                        tps_style_name(r->style));
+    }
+    return TPS_OK;
+}
+
+static int has_glob(const char *s, size_t n);
+
+/* A literal module path (untie entries name one module each, no pattern). */
+static tps_err check_module_path(const pctx *pc, const ynode *it)
+{
+    TPS_TRY(check_pattern(pc, it));
+    if (has_glob(it->s, strlen(it->s)))
+        return perr(pc, it->line, "'%.*s' must name one module: no '*', '?' or '['",
+                    shown(it->s), it->s);
+    return TPS_OK;
+}
+
+static tps_err parse_untie(const pctx *pc, const ynode *list, tps_plan *p)
+{
+    static const char *const known[] = {"embedding", "head"};
+    if (list->type != YN_SEQ)
+        return perr(pc, list->line,
+                    "'untie' must be a list of {embedding: PATH, head: PATH}, not %s",
+                    y_kind(list));
+    if (list->n > PLAN_MAX_RULES)
+        return perr(pc, list->line, "plan has %zu untie entries, more than the limit of %d",
+                    list->n, PLAN_MAX_RULES);
+    size_t cnt = list->n ? list->n : 1;
+    p->untie_embedding = tps_xcalloc(cnt, sizeof *p->untie_embedding);
+    p->untie_head = tps_xcalloc(cnt, sizeof *p->untie_head);
+    if (!p->untie_embedding || !p->untie_head) return nomem(pc->ctx);
+    for (size_t i = 0; i < list->n; i++) {
+        const ynode *v[2];
+        p->nuntie++;
+        TPS_TRY(map_fields(pc, list->kid[i], "untie entry", known, 2, v));
+        if (!v[0] || !v[1])
+            return perr(pc, list->kid[i]->line,
+                        "untie entry needs 'embedding' (the embedding module) and 'head' (the "
+                        "module of the output projection tied to it)");
+        TPS_TRY(get_str(pc, v[0], "embedding", &p->untie_embedding[i]));
+        TPS_TRY(check_module_path(pc, v[0]));
+        TPS_TRY(get_str(pc, v[1], "head", &p->untie_head[i]));
+        TPS_TRY(check_module_path(pc, v[1]));
     }
     return TPS_OK;
 }
@@ -566,14 +625,15 @@ static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
 
 static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
 {
-    static const char *const known[] = {"name", "description", "serves", "rules", "checks"};
+    static const char *const known[] = {"name",   "description", "serves",
+                                        "rules",  "checks",      "untie"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    const ynode *v[5], *sv[2];
+    const ynode *v[6], *sv[2];
 
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a plan must be a mapping with 'name' and 'rules', not %s",
                     y_kind(root));
-    TPS_TRY(map_fields(pc, root, "the plan", known, 5, v));
+    TPS_TRY(map_fields(pc, root, "the plan", known, 6, v));
     if (!v[0]) return perr(pc, root->line, "plan without 'name'");
     if (!v[3]) return perr(pc, root->line, "plan without 'rules'");
     TPS_TRY(get_str(pc, v[0], "name", &p->name));
@@ -617,6 +677,7 @@ static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
             TPS_TRY(parse_check(pc, checks->kid[i], &p->checks[i]));
         }
     }
+    if (v[5] && !y_is_null(v[5])) TPS_TRY(parse_untie(pc, v[5], p));
     return TPS_OK;
 }
 
@@ -643,7 +704,10 @@ void tps_plan_free(tps_plan *p)
             cond_clear(p->rules[i].when);
             free(p->rules[i].when);
         }
+        free(p->rules[i].heads);
     }
+    strv_free(p->untie_embedding, p->nuntie);
+    strv_free(p->untie_head, p->nuntie);
     free(p->rules);
     for (size_t i = 0; i < p->nchecks; i++) {
         free(p->checks[i].field);
@@ -982,6 +1046,25 @@ static char *json_show(const cJSON *v)
     return s;
 }
 
+/* "1, 2, 4": the divisors of n up to 64, the tp values a count n allows. */
+static void divisors(unsigned long long n, char *buf, size_t len)
+{
+    size_t off = 0;
+    buf[0] = '\0';
+    for (unsigned long long k = 1; k <= 64 && k <= n && off < len; k++)
+        if (n % k == 0) off += (size_t)snprintf(buf + off, len - off, "%s%llu", off ? ", " : "", k);
+}
+
+static unsigned long long gcd(unsigned long long a, unsigned long long b)
+{
+    while (b) {
+        unsigned long long t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 static char *divisible_detail(const tps_pcheck *c, const cJSON *v, int tp, int *ok)
 {
     double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
@@ -1007,14 +1090,131 @@ static char *divisible_detail(const tps_pcheck *c, const cJSON *v, int tp, int *
                             n / (unsigned long long)tp, tp);
     }
     char works[400];
-    size_t off = 0;
-    works[0] = '\0';
-    for (unsigned long long k = 1; k <= 64 && k <= n && off < sizeof works; k++)
-        if (n % k == 0)
-            off += (size_t)snprintf(works + off, sizeof works - off, "%s%llu", off ? ", " : "", k);
+    divisors(n, works, sizeof works);
     *ok = 0;
     return tps_asprintf("%s = %llu is not divisible by tp %d (tp values that work: %s)%s%s",
                         c->field, n, tp, works, c->reason ? ": " : "", c->reason ? c->reason : "");
+}
+
+/* A layer's value of a count field: 1 a count (*n), 0 absent, -1 not a count. */
+static int layer_count(const tps_layers *ly, int i, const char *field, unsigned long long *n,
+                       const char **from, const cJSON **raw)
+{
+    const cJSON *v = tps_layers_get(ly, i, field, from);
+    *raw = v;
+    if (!v) return 0;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : -1;
+    if (!cJSON_IsNumber(v) || d != floor(d) || d < 0 || d > 9007199254740992.0) return -1;
+    *n = (unsigned long long)d;
+    return 1;
+}
+
+static int same_from(const char *a, const char *b) { return a == b || (a && b && !strcmp(a, b)); }
+
+/* " (per_layer_config)", " (from num_global_key_value_heads)" or "". */
+static const char *from_note(const char *from, char *buf, size_t len)
+{
+    if (!from) return "";
+    snprintf(buf, len, !strcmp(from, "per_layer_config") ? " (%s)" : " (from %s)", from);
+    return buf;
+}
+
+/* "1, 3, 5 and 4 more": the layers after `first` (and it too, with self) whose
+ * value and origin equal layer first's. Returns how many it lists. */
+static int same_layers(const tps_layers *ly, const char *field, int first, int self, char *buf,
+                       size_t len)
+{
+    unsigned long long n0 = 0, n;
+    const char *f0, *f;
+    const cJSON *raw;
+    int k0 = layer_count(ly, first, field, &n0, &f0, &raw), count = self, more = 0;
+    size_t off = self ? (size_t)snprintf(buf, len, "%d", first) : 0;
+    if (!self) buf[0] = '\0';
+    for (int i = first + 1; i < ly->n; i++) {
+        if (layer_count(ly, i, field, &n, &f, &raw) != k0 || (k0 == 1 && n != n0) ||
+            !same_from(f, f0))
+            continue;
+        if (count++ < 8 && off < len)
+            off += (size_t)snprintf(buf + off, len - off, "%s%d", off ? ", " : "", i);
+        else
+            more++;
+    }
+    if (more && off < len) snprintf(buf + off, len - off, " and %d more", more);
+    return count;
+}
+
+/* The divisible check of a count that differs between layers: every layer's
+ * own value must divide by tp, and a failure names the layer. */
+static char *per_layer_detail(const tps_pcheck *c, const tps_layers *ly, int tp, int *ok)
+{
+    unsigned long long n, g = 0;
+    const char *from;
+    const cJSON *raw;
+    char fb[64], works[400], list[160];
+    int bad = -1, kind = 0, any = 0;
+    for (int i = 0; i < ly->n; i++) {
+        int k = layer_count(ly, i, c->field, &n, &from, &raw);
+        if (k == 0 || (k == 1 && n == 0 && c->optional)) continue;
+        any = 1;
+        if (k == 1 && n) g = gcd(g, n);
+        if (bad < 0 && (k < 0 || n == 0 || n % (unsigned long long)tp)) {
+            bad = i;
+            kind = k < 0 ? -1 : n == 0 ? 0 : 1;
+        }
+    }
+    if (!any) {
+        *ok = -1;
+        return tps_strdup(c->optional ? "not set" : "not in config.json");
+    }
+    if (bad >= 0) {
+        const char *t = tps_layers_type(ly, bad);
+        char tb[96] = "";
+        if (t) snprintf(tb, sizeof tb, " (%.80s)", t);
+        layer_count(ly, bad, c->field, &n, &from, &raw);
+        int also = same_layers(ly, c->field, bad, 0, list, sizeof list);
+        char ab[200] = "";
+        if (also) snprintf(ab, sizeof ab, "the same on layer%s %s; ", also > 1 ? "s" : "", list);
+        *ok = 0;
+        if (kind < 0) {
+            char *j = json_show(raw);
+            char *s = tps_asprintf("layer %d%s: %s = %s%s is not a count (a non-negative integer)",
+                                   bad, tb, c->field, j ? j : "?", from_note(from, fb, sizeof fb));
+            free(j);
+            return s;
+        }
+        if (kind == 0)
+            return tps_asprintf("layer %d%s: %s = 0%s is not a usable count", bad, tb, c->field,
+                                from_note(from, fb, sizeof fb));
+        divisors(g, works, sizeof works);
+        return tps_asprintf("layer %d%s: %s = %llu%s is not divisible by tp %d (%stp values that "
+                            "work for every layer: %s)%s%s",
+                            bad, tb, c->field, n, from_note(from, fb, sizeof fb), tp, ab, works,
+                            c->reason ? ": " : "", c->reason ? c->reason : "");
+    }
+    /* Passed: each distinct value once (up to 4), with the layers that have it. */
+    char out[900];
+    size_t off = (size_t)snprintf(out, sizeof out, "%s =", c->field);
+    unsigned long long gv[4];
+    const char *gf[4];
+    int groups = 0;
+    for (int i = 0; i < ly->n && off < sizeof out; i++) {
+        int k = layer_count(ly, i, c->field, &n, &from, &raw), seen = 0;
+        if (k != 1 || (n == 0 && c->optional)) continue;
+        for (int j = 0; j < groups && !seen; j++) seen = gv[j] == n && same_from(gf[j], from);
+        if (seen) continue;
+        if (groups == 4) {
+            off += (size_t)snprintf(out + off, sizeof out - off, "; ...");
+            break;
+        }
+        gv[groups] = n;
+        gf[groups++] = from;
+        int cnt = same_layers(ly, c->field, i, 1, list, sizeof list);
+        off += (size_t)snprintf(out + off, sizeof out - off, "%s %llu on layer%s %s%s",
+                                groups > 1 ? ";" : "", n, cnt > 1 ? "s" : "", list,
+                                from_note(from, fb, sizeof fb));
+    }
+    *ok = 1;
+    return tps_asprintf("%s: divisible by tp %d on every layer", out, tp);
 }
 
 static char *reject_detail(const tps_pcheck *c, const cJSON *config, int tp, int *ok)
@@ -1043,6 +1243,7 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
     tps_check_outcome *o = NULL;
     size_t k = 0;
     tps_err rc = TPS_OK;
+    tps_layers ly = {0};
 
     if (!out || !n) return tps_fail(ctx, TPS_E_ARG, "tps_plan_run_checks: out is NULL");
     *out = NULL;
@@ -1050,6 +1251,7 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
     if (!p) return tps_fail(ctx, TPS_E_ARG, "tps_plan_run_checks: no plan");
     if (tp < 1) return tps_fail(ctx, TPS_E_ARG, "tp must be at least 1, not %d", tp);
     if (!p->nchecks) return TPS_OK;
+    TPS_TRY(tps_layers_open(ctx, config, "config.json", &ly));
     o = tps_xcalloc(p->nchecks, sizeof *o);
     TPS_FAIL_IF(!o, ctx, TPS_E_NOMEM, "out of memory");
     for (; k < p->nchecks; k++) {
@@ -1060,6 +1262,8 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
         if (!config) {
             r->ok = -1;
             r->detail = tps_strdup("no config.json: check skipped");
+        } else if (c->kind == TPS_PCHECK_DIVISIBLE && ly.n > 0 && tps_layers_vary(&ly, c->field)) {
+            r->detail = per_layer_detail(c, &ly, tp, &r->ok);
         } else if (c->kind == TPS_PCHECK_DIVISIBLE) {
             const cJSON *v = tps_config_get(config, c->field);
             if (!v) {
@@ -1078,6 +1282,7 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
     o = NULL;
 out:
     tps_check_outcomes_free(o, o ? k + 1 : 0);
+    tps_layers_close(&ly);
     return rc;
 }
 

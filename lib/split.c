@@ -686,7 +686,19 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         }
         fputc('}', f);
     }
-    fputs("]},\n\"ranks_written\": [", f);
+    fputs("]},\n", f);
+    if (ck->untie_head) {
+        /* --untie: the head is the embedding's bytes, and config.json was
+         * rewritten; merge gives back this original config.json. */
+        fputs("\"untie\": {\"head\": ", f);
+        mw_str(f, ck->untie_head);
+        fputs(", \"embedding\": ", f);
+        mw_str(f, ck->untie_embedding);
+        fputs(", \"config\": ", f);
+        mw_str(f, ck->untie_config ? ck->untie_config : "");
+        fputs("},\n", f);
+    }
+    fputs("\"ranks_written\": [", f);
     int first = 1;
     for (int r = 0; r < E->tp; r++)
         if (E->write[r] || theirs[r]) {
@@ -742,6 +754,10 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         }
         fputs(", \"source_file\": ", f);
         mw_str(f, t->origin);
+        if (t->derived_from) {
+            fputs(", \"derived_from\": ", f);
+            mw_str(f, t->derived_from);
+        }
         fputs(", \"ranks\": [", f);
         const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
         if (pt) pt = pt->next;
@@ -1113,7 +1129,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         E.files[i].tmp = tps_strdup("");
     }
     remove_stale(&E, o->out_dir);
-    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir));
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->config_out));
     {
         /* Runs on other machines may write the manifest too: take the lock,
          * re-read theirs, add ours. */

@@ -173,6 +173,20 @@ void tps_plan_free(tps_plan *p);
 const char *tps_plan_name(const tps_plan *p);
 const char *tps_plan_description(const tps_plan *p);
 
+/* Unties a tied checkpoint in this handle (split --untie): the plan's first
+ * `untie` entry whose embedding is in the checkpoint gives the head, which
+ * becomes one more tensor holding the embedding's bytes, and the config
+ * (what the checks read, and the config.json a split writes) says
+ * tie_word_embeddings false. A split records both in its manifest, so check,
+ * verify and merge know the head is derived (merge gives back the tied
+ * original). TPS_E_ARG when the checkpoint is not tied, has no such
+ * embedding, lacks config.json or the plan names no untie entry. Call it
+ * before tps_layout_new. */
+tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan);
+/* The untied head and the embedding it was written from; NULL when none. */
+const char *tps_ckpt_untied_head(const tps_ckpt *ck);
+const char *tps_ckpt_untied_embedding(const tps_ckpt *ck);
+
 /* ------------------------------------------------------------------ layout (plan x checkpoint x tp) */
 
 typedef struct tps_layout tps_layout;
@@ -258,6 +272,19 @@ typedef struct {
 size_t tps_layout_rank_tensor_count(const tps_layout *L, int rank);
 void tps_layout_rank_tensor(const tps_layout *L, int rank, size_t i, tps_rank_tensor_view *v);
 void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tps_piece_view *v);
+
+/* The attention geometry of every layer as config.json gives it, read layer
+ * by layer: transformers' per_layer_config, or for full-attention layers the
+ * older Gemma4 fields global_head_dim and num_global_key_value_heads. */
+typedef struct {
+    const char *type;                    /* layer_types entry, or NULL */
+    int64_t heads, kv_heads, head_dim;   /* -1: config.json does not say */
+    /* NULL: the config's own field; else "per_layer_config" or the older field it came from */
+    const char *heads_from, *kv_heads_from, *head_dim_from;
+} tps_layer_view;
+/* 0 without config.json or a layer count (num_hidden_layers, layer_types). */
+size_t tps_layout_layer_count(const tps_layout *L);
+void tps_layout_layer(const tps_layout *L, size_t i, tps_layer_view *v);
 
 /* ------------------------------------------------------------------ split */
 

@@ -812,10 +812,15 @@ static tps_err analyze_unit(vctx *V, vunit *u)
                               strchr(miss, ',') ? "s" : "", miss);
     /* the source side */
     if (V->src) {
-        u->si = tps_ckpt_find(V->src, ct->name);
+        /* An untied head (--untie) was written from its embedding: the tied
+         * source has no head, and the embedding is what it must equal. */
+        u->si = tps_ckpt_find(V->src, ct->derived_from ? ct->derived_from : ct->name);
         if (u->si < 0) {
             free(u->pre);
-            u->pre = tps_strdup("not in the source checkpoint");
+            u->pre = ct->derived_from
+                         ? tps_asprintf("written from %s, which is not in the source checkpoint",
+                                        ct->derived_from)
+                         : tps_strdup("not in the source checkpoint");
             return TPS_OK;
         }
         const tps_ctensor *sc = &V->src->t[u->si];
@@ -2001,6 +2006,9 @@ static tps_err finalize(vctx *V, vunit *u)
     } else {
         uint64_t wrong = 0, total = 0;
         char *note = u->pre ? tps_strdup(u->pre) : recon_note(V, u, &wrong);
+        if (!note && ct->derived_from && V->src)
+            note = tps_asprintf("compared with the source's %s (--untie wrote it from that)",
+                                ct->derived_from);
         for (int r = 0; r < u->nslot; r++)
             if (V->local[u->slot_rank[r]] && u->piece[r] >= 0) total += slot_piece(u, r)->nbytes;
         if (u->mode == MODE_LOGICAL) total = ct->nbytes;
@@ -2035,6 +2043,8 @@ static tps_err finalize(vctx *V, vunit *u)
         if (!note && c.wrong)
             note = tps_asprintf("%llu of %llu outputs off by more than the tolerance",
                                 (unsigned long long)c.wrong, (unsigned long long)c.total);
+        if (!note && ct->derived_from)
+            note = tps_asprintf("reference weight: the source's %s", ct->derived_from);
         if (rep_add(V->R, ct->name, nk_kind(u->nk), c.err, c.tol, c.wrong, c.total, ok, note))
             rc = tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
         if (!rc && blk) {

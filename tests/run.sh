@@ -30,7 +30,7 @@ for g in $groups; do
   # The oracle tests need a venv from PyPI (once). Offline, they fail with
   # one line saying so, unless TPS_OFFLINE=1 asks to skip them.
   py)   if [ "${TPS_OFFLINE:-0}" = 1 ]; then
-          echo "skip - python oracle tests: TPS_OFFLINE=1 (they need numpy and safetensors from PyPI)" | tee -a "$log"
+          echo "skip - python oracle tests: TPS_OFFLINE=1 (they need numpy, safetensors and transformers from PyPI)" | tee -a "$log"
         elif why=$(sh tests/py/venv.sh 2>&1); then
           for t in tests/py/test_*.py; do [ -f "$t" ] && run "$t" "$top/build/venv/bin/python" "$t"; done
         else

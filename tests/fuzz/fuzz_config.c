@@ -1,6 +1,7 @@
 /* fuzz_config.c - the input is config.json beside a tiny LLaMA
  * model.safetensors. An accepted checkpoint goes on through plan detection
- * and layout (the plan's config checks) for tp 1..4. */
+ * and layout (the plan's config checks, per-layer values) for tp 1..4; the
+ * text also goes through --untie's rewrite of tie_word_embeddings. */
 #include "fuzz_common.h"
 
 static void setup(void)
@@ -15,6 +16,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     setup();
     fz_write(fz_path("m", "config.json"), data, size);
+    /* --untie's rewrite of config.json, on any text (it is meant for parsed JSON). */
+    free(tps_json_untie_text((const char *)data, size));
     tps_ctx *ctx = tps_ctx_new();
     tps_ckpt *ck = NULL;
     if (tps_ckpt_open(ctx, fz_path(NULL, "m"), &ck) == TPS_OK) {
@@ -29,6 +32,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                         tps_layout_check(L, i, &v);
                     }
                     (void)tps_layout_rejected(L);
+                    for (size_t i = 0; i < tps_layout_layer_count(L); i++) {
+                        tps_layer_view lv;
+                        tps_layout_layer(L, i, &lv);
+                    }
                 }
                 tps_layout_free(L);
             }

@@ -141,6 +141,18 @@ def config_seeds():
     put(d, "heads-zero", '{"architectures":["LlamaForCausalLM"],"num_attention_heads":0,'
                          '"num_key_value_heads":0}')
     put(d, "arch-not-list", '{"architectures":"LlamaForCausalLM","model_type":7}')
+    # per-layer values: as transformers 5 writes them, and broken ones
+    put(d, "per-layer", '{"architectures":["LlamaForCausalLM"],"num_hidden_layers":1,'
+                        '"num_attention_heads":2,"num_key_value_heads":2,"head_dim":4,'
+                        '"per_layer_config":{"0":{"num_key_value_heads":1,"head_dim":8}}}')
+    put(d, "per-layer-padded", '{"architectures":["LlamaForCausalLM"],"num_hidden_layers":12,'
+                               '"num_key_value_heads":2,"per_layer_config":{"05":{},"11":'
+                               '{"num_key_value_heads":"x"}}}')
+    put(d, "per-layer-bad", '{"architectures":["LlamaForCausalLM"],"num_hidden_layers":1e9,'
+                            '"per_layer_config":{"99999999999":[],"00":1}}')
+    put(d, "older-gemma4", '{"architectures":["LlamaForCausalLM"],"layer_types":["full_attention",'
+                           'null,7],"num_global_key_value_heads":"2","global_head_dim":-1,'
+                           '"attention_k_eq_v":[0]}')
     put(d, "bad-not-json", '{"model_type": llama}\n')
     put(d, "empty", b"")
 
@@ -155,6 +167,9 @@ def plan_seeds():
     put(d, "checks", "name: c\nrules: []\nchecks:\n  - divisible: num_key_value_heads\n"
                      "    optional: true\n  - reject_if: {field: tie_word_embeddings, equals: true}\n"
                      "    reason: tied\n")
+    put(d, "heads-untie", "name: h\nrules:\n  - match: model.layers.*.self_attn.k_proj\n"
+                          "    style: colwise\n    heads: num_key_value_heads\nuntie:\n"
+                          "  - {embedding: model.embed_tokens, head: lm_head}\n")
     put(d, "bad-tab", "name: x\n\trules: []\n")
     put(d, "bad-style", "name: x\nrules:\n  - match: lm_head\n    style: diagonal\n")
     put(d, "bad-multi-doc", "name: a\n---\nname: b\n")
@@ -202,6 +217,17 @@ def manifest_seeds():
     var("placement-garbage", lambda m: t0(m).update(placement="Shard(-7)", dim=-7))
     var("dup-tensor", lambda m: m["tensors"].append(t0(m)))
     var("nbytes-wrong", lambda m: t0(m)["ranks"][0].update(nbytes=1 << 62))
+
+    def untie(m, head="lm_head.weight", emb="model.embed_tokens.weight", record=True):
+        for t in m["tensors"]:
+            if t["name"] == head:
+                t["derived_from"] = emb
+        if record:
+            m["untie"] = {"head": head, "embedding": emb, "config": "{}"}
+    var("untie", untie)
+    var("untie-no-record", lambda m: untie(m, record=False))
+    var("untie-other", lambda m: untie(m, emb="model.norm.weight"))
+    var("untie-bad", lambda m: m.update(untie={"head": 7}))
 
 
 def main():

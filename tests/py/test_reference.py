@@ -366,7 +366,7 @@ def test_gen_models():
         ("gen/gemma3-untied", ["gemma3", "--untied"], 2, []),
         ("gen/gemma4-e", ["gemma4", "--vocab", "250"], 2, []),
         ("gen/gemma4-dense", ["gemma4", "--gemma4-variant", "dense", "--kv-heads", "4",
-                              "--untied", "--index", "2"], 2, []),
+                              "--index", "2"], 2, []),
     ]
     for label, args, tp, extra in cases:
         d = os.path.join(TMP, "m-" + label.replace("/", "_"))
