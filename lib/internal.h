@@ -471,6 +471,30 @@ void tps_lspec_free(tps_lspec *s);
 /* Module path patterns as plans match them ('*' one component). */
 int tps_module_match(const char *pattern, const char *module, size_t mlen);
 
+/* ------------------------------------------------------------------ quantized checkpoints (quant.c) */
+
+typedef enum { TPS_QM_FP8 = 1, TPS_QM_CT = 2 } tps_qmethod;
+typedef enum { TPS_QS_TENSOR = 0, TPS_QS_CHANNEL, TPS_QS_BLOCK } tps_qscale;
+typedef enum { TPS_QR_PLAIN = 0, TPS_QR_WEIGHT, TPS_QR_SCALE, TPS_QR_INPUT_SCALE } tps_qrole;
+
+typedef struct {
+    tps_qmethod method;
+    const char *method_name; /* as config.json says (borrowed) */
+    uint64_t bn, bk;         /* block rows and columns; 0: no blocks */
+    int *role;               /* per source tensor: tps_qrole */
+    int *partner;            /* WEIGHT: its scale; (INPUT_)SCALE: its weight; else -1 */
+    int *input;              /* WEIGHT: its input scale, or -1 */
+    tps_qscale *kind;        /* SCALE: per tensor, channel or block */
+    size_t nquant;           /* quantized weights */
+} tps_quant;
+
+/* The quantization of ck: NULL (*out) when config.json has none. Refuses
+ * (TPS_E_REJECT) what is not supported; a scale that does not fit its
+ * weight, a weight without a scale or a scale without a weight is an error
+ * naming the tensor. */
+tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out);
+void tps_quant_free(tps_quant *q);
+
 /* ------------------------------------------------------------------ layout */
 
 typedef struct {
@@ -521,6 +545,7 @@ struct tps_layout {
     const tps_ckpt *ck;
     const tps_plan *plan;
     const tps_lspec *spec; /* NULL: the DTensor layout of the plan */
+    tps_quant *q;          /* quantized checkpoints: scales follow their weights */
     int tp;
     tps_place *p;     /* same order as ck->t */
     size_t n;

@@ -166,6 +166,7 @@ void tps_layout_free(tps_layout *L)
     free(L->src_piece0);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
+    tps_quant_free(L->q);
     free(L);
 }
 
@@ -309,6 +310,7 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
         if (!L->rejected && L->checks[L->nchecks - 1].ok == 0)
             L->rejected = tps_asprintf("head shapes: %s", L->checks[L->nchecks - 1].detail);
     }
+    TPS_CHECK(tps_quant_open(ctx, ck, &L->q));
     TPS_CHECK(tps_layout_compile(ctx, L));
 out:
     free(hs.bad);
@@ -340,6 +342,7 @@ tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_lspec
         L->p[i].dim = style_dim(styles[i], param_of(ck->t[i].name));
         if (L->p[i].dim >= ck->t[i].ndim) L->p[i].dim = -1;
     }
+    TPS_CHECK(tps_quant_open(ctx, ck, &L->q));
     TPS_CHECK(tps_layout_compile(ctx, L));
 out:
     if (rc) {
@@ -637,6 +640,113 @@ static tps_split_kind spec_split(const tps_layout *L, size_t i, const char **why
     }
 }
 
+/* ------------------------------------------------------------------ quantized weights */
+
+/* Rank r's [lo, lo + len) of n along a dim, blocks of b: does it start and
+ * end on a block boundary (the end of the dim counts as one)? */
+static int block_aligned(uint64_t n, uint64_t lo, uint64_t len, uint64_t b)
+{
+    return lo % b == 0 && ((lo + len) % b == 0 || lo + len == n);
+}
+
+/* "1, 2" of the tp values up to 64 whose split of n (torch.chunk or exact;
+ * or on whole heads, replicated when fewer than ranks) cuts n only on
+ * multiples of b. */
+static void block_tps(char *buf, size_t len, uint64_t n, uint64_t b, int exact, uint64_t heads,
+                      int replicate)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int tp = 1; tp <= 64 && o < len; tp++) {
+        int ok = 1;
+        for (int r = 0; r < tp && ok; r++) {
+            uint64_t lo, l;
+            if (heads) {
+                uint64_t unit = n / heads;
+                if (heads % (uint64_t)tp == 0) {
+                    l = n / (uint64_t)tp;
+                    lo = (uint64_t)r * l;
+                } else if (replicate && heads < (uint64_t)tp && (uint64_t)tp % heads == 0) {
+                    lo = (uint64_t)r / ((uint64_t)tp / heads) * unit;
+                    l = unit;
+                } else {
+                    ok = 0;
+                    break;
+                }
+            } else if (!split_range(n, tp, r, exact, &lo, &l)) {
+                ok = 0;
+                break;
+            }
+            ok = block_aligned(n, lo, l, b);
+        }
+        if (ok) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", tp);
+    }
+    if (!o) snprintf(buf, len, "none up to 64");
+}
+
+/* The region of weight w's scale that follows the weight's rows or columns
+ * [lo, lo + len) along d (d -1: the whole weight): block rows or columns,
+ * channel rows, or the whole scale. 0 (and a refusal) for a cut inside a
+ * block. */
+static int scale_region(cstate *C, size_t w, int d, uint64_t lo, uint64_t len, int *sd,
+                        uint64_t *slo, uint64_t *shi, uint64_t heads, int replicate)
+{
+    const tps_quant *q = C->L->q;
+    const tps_ctensor *wt = &C->ck->t[w];
+    size_t s = (size_t)q->partner[w];
+    *sd = -1;
+    *slo = *shi = 0;
+    if (d < 0) return 1;
+    if (q->kind[s] == TPS_QS_TENSOR) return 1;
+    if (q->kind[s] == TPS_QS_CHANNEL) {
+        if (d != 0) return 1; /* input features: every rank needs every row's scale */
+        *sd = 0;
+        *slo = lo;
+        *shi = lo + len;
+        return 1;
+    }
+    uint64_t b = d == 0 ? q->bn : q->bk, n = wt->shape[d];
+    if (!block_aligned(n, lo, len, b)) {
+        char works[300];
+        block_tps(works, sizeof works, n, b, C->L->spec ? C->L->spec->exact : 0, heads, replicate);
+        refuse(C, "tensor '%s' is FP8 in blocks of %llu x %llu: a rank's %s [%llu, %llu) would "
+                  "cut a block at tp %d, and its scales could not follow (tp values that work: %s)",
+               wt->name, (unsigned long long)q->bn, (unsigned long long)q->bk,
+               d == 0 ? "rows" : "columns", (unsigned long long)lo, (unsigned long long)(lo + len),
+               C->tp, works);
+        return 0;
+    }
+    *sd = d;
+    *slo = len ? lo / b : (lo + b - 1) / b;
+    *shi = len ? (lo + len + b - 1) / b : *slo;
+    return 1;
+}
+
+/* Weight w's scale (and input scale) on rank r, as their own rank tensors:
+ * the scale's region following the weight's [lo, lo + len) along d. */
+static tps_err place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len)
+{
+    const tps_quant *q = C->L->q;
+    if (!q || q->role[w] != TPS_QR_WEIGHT) return TPS_OK;
+    size_t s = (size_t)q->partner[w];
+    const tps_ctensor *st = &C->ck->t[s];
+    int sd;
+    uint64_t slo, shi;
+    if (!scale_region(C, w, d, lo, len, &sd, &slo, &shi, 0, 0)) return TPS_OK;
+    uint64_t shape[TPS_MAX_DIMS];
+    memcpy(shape, st->shape, sizeof shape);
+    if (sd >= 0) shape[sd] = shi - slo;
+    tps_rtensor *rt;
+    TPS_TRY(new_rt(C, st->name, r, st->dtype, st->ndim, shape, "scale", &rt));
+    TPS_TRY(src_piece(C, rt, s, sd, slo, shi, 0));
+    if (q->input[w] >= 0) {
+        const tps_ctensor *it = &C->ck->t[q->input[w]];
+        TPS_TRY(new_rt(C, it->name, r, it->dtype, it->ndim, it->shape, "input scale", &rt));
+        TPS_TRY(src_piece(C, rt, (size_t)q->input[w], -1, 0, 0, 0));
+    }
+    return TPS_OK;
+}
+
 /* Places source tensor i, whole or along dim d, under name on every rank:
  * d -1 replicated; exact/chunk splits; vocab: padded rows of zeros. */
 static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kind k,
@@ -689,6 +799,7 @@ static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kin
         if (d < 0) {
             TPS_TRY(new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
             TPS_TRY(src_piece(C, rt, i, -1, 0, 0, 0));
+            TPS_TRY(place_scales(C, i, r, -1, 0, 0));
             continue;
         }
         if (per) { /* padded vocabulary: real rows, then zeros */
@@ -705,6 +816,81 @@ static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kin
         if (per > len)
             TPS_TRY(add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = len * rowb,
                                                   .nbytes = (per - len) * rowb}));
+        if (L->q && L->q->role[i] == TPS_QR_WEIGHT && per) {
+            refuse(C, "tensor '%s' is quantized, and layout %s pads it as a vocabulary: not "
+                      "supported yet",
+                   t->name, L->spec->name);
+            return TPS_OK;
+        }
+        TPS_TRY(place_scales(C, i, r, d, lo, len));
+        if (C->why[0]) return TPS_OK;
+    }
+    return TPS_OK;
+}
+
+/* A fused group's scales on rank r: block rows or channel rows of every
+ * part's scale, in the parts' order (a rank's rows of each part must be
+ * whole blocks), or, per tensor, one value per part; input scales one per
+ * part. */
+static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *parent,
+                                  const size_t *idx, int r, const uint64_t *lo, const uint64_t *len,
+                                  const uint64_t *heads, const char *scale_name,
+                                  const char *input_name)
+{
+    const tps_quant *q = C->L->q;
+    const tps_ckpt *ck = C->ck;
+    const tps_ctensor *s0 = &ck->t[q->partner[idx[0]]];
+    tps_qscale kind = q->kind[q->partner[idx[0]]];
+    (void)parent;
+    uint64_t shape[TPS_MAX_DIMS] = {0};
+    tps_rtensor *rt;
+    if (kind == TPS_QS_TENSOR) {
+        shape[0] = f->nparts;
+        TPS_TRY(new_rt(C, scale_name, r, s0->dtype, 1, shape, "scale", &rt));
+        for (size_t j = 0; j < f->nparts; j++) {
+            const tps_ctensor *sj = &ck->t[q->partner[idx[j]]];
+            if (sj->dtype != s0->dtype) {
+                refuse(C, "the scales fused into '%s' are of different dtypes", scale_name);
+                return TPS_OK;
+            }
+            TPS_TRY(src_piece(C, rt, (size_t)q->partner[idx[j]], -1, 0, 0, j * sj->nbytes));
+        }
+    } else {
+        uint64_t slo[16], shi[16], rows = 0;
+        int sd = 0;
+        for (size_t j = 0; j < f->nparts; j++) {
+            if (!scale_region(C, idx[j], 0, lo[j], len[j], &sd, &slo[j], &shi[j], heads[j],
+                              f->parts[j].replicate))
+                return TPS_OK;
+            rows += shi[j] - slo[j];
+        }
+        memcpy(shape, s0->shape, sizeof shape);
+        shape[0] = rows;
+        TPS_TRY(new_rt(C, scale_name, r, s0->dtype, s0->ndim, shape, "scale", &rt));
+        uint64_t at = 0, rowb = s0->nbytes / (s0->shape[0] ? s0->shape[0] : 1);
+        for (size_t j = 0; j < f->nparts; j++) {
+            const tps_ctensor *sj = &ck->t[q->partner[idx[j]]];
+            if (sj->dtype != s0->dtype || sj->ndim != s0->ndim ||
+                (sj->ndim == 2 && sj->shape[1] != s0->shape[1])) {
+                refuse(C, "the scales fused into '%s' differ in dtype or width", scale_name);
+                return TPS_OK;
+            }
+            TPS_TRY(src_piece(C, rt, (size_t)q->partner[idx[j]], 0, slo[j], shi[j], at));
+            at += (shi[j] - slo[j]) * rowb;
+        }
+    }
+    if (input_name) {
+        const tps_ctensor *i0 = &ck->t[q->input[idx[0]]];
+        shape[0] = f->nparts;
+        TPS_TRY(new_rt(C, input_name, r, i0->dtype, 1, shape, "input scale", &rt));
+        for (size_t j = 0; j < f->nparts; j++) {
+            const tps_ctensor *ij = &ck->t[q->input[idx[j]]];
+            if (ij->dtype != i0->dtype) {
+                refuse(C, "the input scales fused into '%s' are of different dtypes", input_name);
+                return TPS_OK;
+            }
+            TPS_TRY(src_piece(C, rt, (size_t)q->input[idx[j]], -1, 0, 0, j * ij->nbytes));
+        }
     }
     return TPS_OK;
 }
@@ -795,6 +981,39 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
     char *name = own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, param));
     if (!name) return nomem(C);
     uint64_t rowb = inner_bits(t0, 0) / 8;
+    /* Quantized parts: all of them, with scales of one kind, fused alike. */
+    int quant = 0;
+    const char *scale_name = NULL, *input_name = NULL;
+    if (L->q) {
+        size_t nq = 0, ni = 0;
+        for (size_t j = 0; j < f->nparts; j++) {
+            nq += L->q->role[idx[j]] == TPS_QR_WEIGHT;
+            ni += L->q->role[idx[j]] == TPS_QR_WEIGHT && L->q->input[idx[j]] >= 0;
+        }
+        if (nq && (nq != f->nparts || (ni && ni != f->nparts))) {
+            refuse(C, "layout %s fuses %s.%s, but only some of its parts are quantized (or have "
+                      "input scales): not supported",
+                   L->spec->name, parent, f->into);
+            return TPS_OK;
+        }
+        for (size_t j = 1; nq && j < f->nparts; j++)
+            if (L->q->kind[L->q->partner[idx[j]]] != L->q->kind[L->q->partner[idx[0]]]) {
+                refuse(C, "layout %s fuses %s.%s, but its parts' scales are of different kinds",
+                       L->spec->name, parent, f->into);
+                return TPS_OK;
+            }
+        if (nq) {
+            quant = 1;
+            const char *sn = ck->t[L->q->partner[idx[0]]].name;
+            size_t pl = strlen(ck->t[idx[0]].name) - strlen("weight");
+            scale_name = own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, sn + pl));
+            if (!scale_name) return nomem(C);
+            if (ni) {
+                input_name = own_name(C, tps_asprintf("%s.%s.input_scale", parent, f->into));
+                if (!input_name) return nomem(C);
+            }
+        }
+    }
     for (int r = 0; r < C->tp; r++) {
         uint64_t lo[16], len[16], total = 0;
         for (size_t j = 0; j < f->nparts; j++) {
@@ -821,6 +1040,9 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             TPS_TRY(src_piece(C, rt, idx[j], 0, lo[j], lo[j] + len[j], at));
             at += len[j] * rowb;
         }
+        if (quant) TPS_TRY(place_fused_scales(C, f, parent, idx, r, lo, len, heads, scale_name,
+                                              input_name));
+        if (C->why[0]) return TPS_OK;
     }
     /* The engine's own entries beside the fused module (once, with the weight). */
     if (strcmp(param, "weight")) return TPS_OK;
@@ -852,6 +1074,8 @@ static tps_err compile_fused(cstate *C)
             size_t ml;
             if (C->used[i] || !module_of(nm, &ml)) continue;
             const char *param = nm + ml + 1;
+            /* scales go with their weights (place_fused) */
+            if (strcmp(param, "weight") && strcmp(param, "bias")) continue;
             /* parent.<part>.param for each part: is nm one of them? */
             size_t which = f->nparts;
             size_t pl = 0;
@@ -1152,7 +1376,9 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         if (C.why[0]) goto out;
     }
     for (size_t i = 0; i < ck->n && !C.why[0]; i++) {
-        if (C.used[i]) continue;
+        if (C.used[i] || (L->q && (L->q->role[i] == TPS_QR_SCALE ||
+                                   L->q->role[i] == TPS_QR_INPUT_SCALE)))
+            continue;
         const tps_ctensor *t = &ck->t[i];
         if (!s) {
             int d = L->p[i].dim;

@@ -460,9 +460,30 @@ void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t
     put(user, "\"", 1);
 }
 
+/* "a.b.c": each component an object key, from the top level of root. */
+static const cJSON *config_path(const cJSON *root, const char *path)
+{
+    const cJSON *v = root;
+    char key[128];
+    while (v && *path) {
+        const char *dot = strchr(path, '.');
+        size_t n = dot ? (size_t)(dot - path) : strlen(path);
+        if (n >= sizeof key || !cJSON_IsObject(v)) return NULL;
+        memcpy(key, path, n);
+        key[n] = 0;
+        v = cJSON_GetObjectItemCaseSensitive(v, key);
+        path += n + (dot ? 1 : 0);
+    }
+    return v && !cJSON_IsNull(v) ? v : NULL;
+}
+
 const cJSON *tps_config_get(const cJSON *config, const char *field)
 {
     if (!config) return NULL;
+    if (strchr(field, '.')) { /* a path, e.g. quantization_config.quant_method */
+        const cJSON *v = config_path(config, field);
+        return v ? v : config_path(cJSON_GetObjectItemCaseSensitive(config, "text_config"), field);
+    }
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(config, field);
     if (v && !cJSON_IsNull(v)) return v;
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(config, "text_config");

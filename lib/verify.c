@@ -393,6 +393,15 @@ typedef struct {
     float **yloc; /* host per-rank locals (cpu backend, embeddings) */
     uint64_t *ids;
     tps_gpu_job *gj;
+    /* An FP8 weight: each side dequantizes its rows with its own scales
+     * (the source's, and every rank's piece of the scale tensor), so a
+     * scale paired with the wrong rows shows in the products. */
+    int qkind;          /* -1 unquantized, else tps_qscale */
+    uint64_t bn, bk;
+    float *sref;        /* the source scale, row-major */
+    uint64_t scols;     /* its width (block columns; 1 per channel or tensor) */
+    float **srank;      /* per rank: its piece of the scale */
+    uint64_t *slo, *sw; /* per rank: where the piece starts along the weight's dim, its width */
 } vjob;
 
 struct vblock {
@@ -463,6 +472,7 @@ typedef struct {
     tps_backend backend;
     tps_comm *comm;
     tps_gpu *gpu;
+    tps_quant *q;         /* the directory's quantization, or NULL */
     tps_layout *lay;      /* a serving layout, compiled again from the manifest */
     tps_layout_spec *spec;
     int *lay_piece_rt;    /* rank tensor of each of lay's pieces */
@@ -1204,6 +1214,15 @@ static tps_err build_order(vctx *V)
 
 static void job_free(vctx *V, vjob *J)
 {
+    if (J && J->srank) {
+        for (int r = 0; r < V->tp; r++) free(J->srank[r]);
+        free(J->srank);
+    }
+    if (J) {
+        free(J->sref);
+        free(J->slo);
+        free(J->sw);
+    }
     if (!J) return;
     if (J->gj) tps_gpu_job_free(V->gpu, J->gj);
     if (J->xr) {
@@ -1224,6 +1243,99 @@ static void job_free(vctx *V, vjob *J)
     free(J);
 }
 
+static tps_err read_f32(vctx *V, tps_ckpt *ck, size_t t, int piece, uint64_t nel, float *dst);
+
+/* A piece of a tensor of V->ck as f32: the piece on `rank` (its own rows,
+ * not a replica), whole. */
+static tps_err read_piece_f32(vctx *V, size_t t, int rank, float **out, uint64_t *lo,
+                              uint64_t *n)
+{
+    const tps_ctensor *ct = &V->ck->t[t];
+    int p = -1;
+    for (int k = 0; k < ct->npieces && p < 0; k++)
+        if (ct->pieces[k].rank == rank) p = k;
+    *out = NULL;
+    if (p < 0) return TPS_OK;
+    uint64_t nb = ct->pieces[p].nbytes, es = tps_dtype_bits(ct->dtype) / 8;
+    unsigned char *raw = malloc(nb + 1);
+    float *f = malloc((nb / (es ? es : 1) + 1) * sizeof(float));
+    tps_err rc = raw && f ? TPS_OK : tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    if (!rc) rc = tps_ckpt_read_piece(V->ctx, V->ck, t, p, 0, raw, (size_t)nb);
+    if (!rc && to_f32(ct->dtype, raw, f, (size_t)(nb / es)))
+        rc = tps_fail(V->ctx, TPS_E_FORMAT, "verify: scale %s: cannot convert %s to f32", ct->name,
+                      tps_dtype_name(ct->dtype));
+    free(raw);
+    if (rc) {
+        free(f);
+        return rc;
+    }
+    *out = f;
+    *lo = ct->dim >= 0 ? ct->pieces[p].lo : 0;
+    *n = nb / es;
+    return TPS_OK;
+}
+
+/* Scales of an FP8 weight unit: the source's and every local rank's. */
+static tps_err load_scales(vctx *V, vunit *u, vjob *J)
+{
+    J->qkind = -1;
+    if (!V->q || (size_t)u->t >= V->ck->n || V->q->role[u->t] != TPS_QR_WEIGHT) return TPS_OK;
+    size_t s = (size_t)V->q->partner[u->t];
+    const tps_ctensor *sc = &V->ck->t[s];
+    int ssi = tps_ckpt_find(V->src, sc->name);
+    if (ssi < 0)
+        return tps_fail(V->ctx, TPS_E_MISMATCH, "verify: scale %s is not in the source", sc->name);
+    J->qkind = V->q->kind[s];
+    J->bn = V->q->bn;
+    J->bk = V->q->bk;
+    J->scols = sc->ndim == 2 ? sc->shape[1] : 1;
+    uint64_t nsref = V->src->t[ssi].nbytes / (tps_dtype_bits(sc->dtype) / 8);
+    J->sref = malloc((nsref + 1) * sizeof(float));
+    J->srank = calloc((size_t)V->tp, sizeof(float *));
+    J->slo = calloc((size_t)V->tp, sizeof(uint64_t));
+    J->sw = calloc((size_t)V->tp, sizeof(uint64_t));
+    if (!J->sref || !J->srank || !J->slo || !J->sw)
+        return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    TPS_TRY(read_f32(V, V->src, (size_t)ssi, -1, nsref, J->sref));
+    for (int r = 0; r < V->tp; r++) {
+        if (!V->local[r]) continue;
+        uint64_t lo = 0, n = 0;
+        TPS_TRY(read_piece_f32(V, s, r, &J->srank[r], &lo, &n));
+        /* along the weight's dim: block rows (colwise) or block columns
+         * (rowwise) of the scale, channel rows, or the whole scale */
+        J->slo[r] = sc->dim >= 0 ? lo : 0;
+        J->sw[r] = sc->dim == 1 ? (n / (sc->shape[0] ? sc->shape[0] : 1)) : J->scols;
+    }
+    return TPS_OK;
+}
+
+/* Multiplies rank `side`'s (or the source's, side -1) weight row j (global)
+ * of `width` f32 elements by its scales. col0: the global column of w[0]. */
+static void dequant_row(const vjob *J, int side, uint64_t j, uint64_t col0, float *w,
+                        size_t width, int dim)
+{
+    const float *S = side < 0 ? J->sref : J->srank[side];
+    if (!S) return;
+    uint64_t slo = side < 0 ? 0 : J->slo[side], sw = side < 0 ? J->scols : J->sw[side];
+    if (J->qkind == TPS_QS_TENSOR) {
+        for (size_t k = 0; k < width; k++) w[k] *= S[0];
+        return;
+    }
+    if (J->qkind == TPS_QS_CHANNEL) {
+        /* a colwise rank holds its rows' scales; a rowwise one every row's */
+        float sj = S[side >= 0 && dim == 0 ? j - slo : j];
+        for (size_t k = 0; k < width; k++) w[k] *= sj;
+        return;
+    }
+    uint64_t br = j / J->bn;
+    if (side >= 0 && dim == 0) br -= slo;
+    for (size_t k = 0; k < width; k++) {
+        uint64_t bc = (col0 + k) / J->bk;
+        if (side >= 0 && dim == 1) bc -= slo;
+        w[k] *= S[br * sw + bc];
+    }
+}
+
 static int gpu_native(tps_dtype d)
 {
     return d == TPS_BF16 || d == TPS_F16 || d == TPS_F32;
@@ -1239,6 +1351,12 @@ static tps_err job_create(vctx *V, vunit *u)
     J->batch = batch;
     J->nb = blk ? 2 * batch : batch;
     J->dtype = ct->dtype;
+    J->qkind = -1;
+    tps_err qe = load_scales(V, u, J);
+    if (qe) {
+        job_free(V, J);
+        return qe;
+    }
     J->op = gpu_native(ct->dtype) ? ct->dtype : TPS_F32;
     J->embed = u->nk == NK_EMB_ROWS || u->nk == NK_EMB_COLS;
     J->matmul = !J->embed;
@@ -1436,7 +1554,8 @@ static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_
     }
     uint64_t width = side < 0 ? J->in : J->kr[side];
     if (J->gj) {
-        if (side >= 0 && same_col0 != NOT_SAME) {
+        /* quantized: each side's own scales, so no staged copy is shared */
+        if (side >= 0 && same_col0 != NOT_SAME && J->qkind < 0) {
             int done = 0;
             TPS_TRY(tps_gpu_job_rows_ref(V->ctx, V->gpu, J->gj, slot, side, row0, n, same_col0,
                                          &done));
@@ -1449,6 +1568,10 @@ static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_
             if (to_f32(dt, bytes, c, (size_t)(n * width)))
                 return tps_fail(V->ctx, TPS_E_FORMAT, "verify: %s: cannot convert %s to f32",
                                 u->ct->name, tps_dtype_name(dt));
+            if (J->qkind >= 0)
+                for (uint64_t i = 0; i < n; i++)
+                    dequant_row(J, side, row0 + i, side >= 0 && u->dim == 1 ? u->lo[side] : 0,
+                                c + i * width, (size_t)width, u->dim);
             p = c;
         }
         return tps_gpu_job_rows(V->ctx, V->gpu, J->gj, slot, side, row0, n, p);
@@ -1464,10 +1587,13 @@ static tps_err job_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_
     for (uint64_t i = 0; i < n; i++) {
         uint64_t j = row0 + i;
         const void *row = bytes + i * width * es;
-        if (dot == dot_rows && dt != TPS_F32) {
+        if (dot == dot_rows && (dt != TPS_F32 || J->qkind >= 0)) {
             if (to_f32(dt, row, w, (size_t)width))
                 return tps_fail(V->ctx, TPS_E_FORMAT, "verify: %s: cannot convert %s to f32",
                                 u->ct->name, tps_dtype_name(dt));
+            if (J->qkind >= 0)
+                dequant_row(J, side, j, side >= 0 && u->dim == 1 ? u->lo[side] : 0, w,
+                            (size_t)width, u->dim);
             row = w;
         }
         if (side < 0)
@@ -2205,6 +2331,7 @@ static void vctx_free(vctx *V)
         tps_gpu_close(V->gpu);
     }
     tps_ckpt_free(V->src);
+    if (!V->lay) tps_quant_free(V->q);
     tps_layout_free(V->lay);
     tps_layout_spec_free(V->spec);
     free(V->lay_piece_rt);
@@ -2296,6 +2423,9 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     V->tp = V->ck->tp;
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
     if (V->ck->layout_target) TPS_CHECK(expect_layout(V));
+    /* FP8 weights: the products dequantize them (the layout has read it already) */
+    if (V->lay) V->q = V->lay->q;
+    else TPS_CHECK(tps_quant_open(ctx, V->ck, &V->q));
     if (o->source) TPS_CHECK(tps_ckpt_open(ctx, o->source, &V->src));
     int nth = tps_threads(ctx);
     if (nth < 1) nth = 1;
