@@ -71,6 +71,10 @@ void jw_kbool(const char *k, int v);
 int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
                             const char *family, tps_ckpt **ck, tps_plan **plan);
 int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
+/* The checkpoint's quantization: a "quantization" key (null when none) in
+ * --json, else a "quantization: ..." line; nothing printed when none. */
+void cli_quant_json(tps_ctx *ctx, const tps_ckpt *ck);
+void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck);
 /* --layout NAME|FILE: NULL for dtensor. Returns 0 or the exit status after
  * printing the error. */
 int cli_open_layout(tps_ctx *ctx, const char *layout, tps_layout_spec **spec);

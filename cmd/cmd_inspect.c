@@ -90,6 +90,7 @@ int cmd_inspect(int argc, char **argv)
         } else {
             jw_null();
         }
+        cli_quant_json(ctx, ck);
         jw_kuint("tensor_count", n);
         jw_kuint("total_bytes", tps_ckpt_total_bytes(ck));
         jw_key("dtypes");
@@ -134,6 +135,7 @@ int cmd_inspect(int argc, char **argv)
     } else {
         printf("family:  unknown (no config.json; pass --family NAME or --plan FILE to plan/split)\n");
     }
+    cli_quant_line(ctx, ck);
     printf("tensors: %zu, %s\n", n, cli_human(tps_ckpt_total_bytes(ck), b2, sizeof b2));
     size_t w = 4;
     for (size_t i = 0; i < n; i++) {

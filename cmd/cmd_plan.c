@@ -167,6 +167,56 @@ static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char 
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
+void cli_quant_json(tps_ctx *ctx, const tps_ckpt *ck)
+{
+    tps_quant_view q;
+    jw_key("quantization");
+    if (tps_ckpt_quantization(ctx, ck, &q) || !q.method) {
+        jw_null();
+        return;
+    }
+    jw_obj();
+    jw_kstr("method", q.method);
+    jw_kbool("supported", q.supported);
+    if (!q.supported) jw_kstr("problem", q.problem);
+    jw_key("block_size");
+    if (q.block_rows) {
+        jw_arr();
+        jw_uint(q.block_rows);
+        jw_uint(q.block_cols);
+        jw_end();
+    } else {
+        jw_null();
+    }
+    jw_kuint("quantized_weights", q.weights);
+    jw_key("scales");
+    jw_obj();
+    jw_kuint("block", q.block_scales);
+    jw_kuint("channel", q.channel_scales);
+    jw_kuint("tensor", q.tensor_scales);
+    jw_end();
+    jw_kuint("input_scales", q.input_scales);
+    jw_end();
+}
+
+void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck)
+{
+    tps_quant_view q;
+    if (tps_ckpt_quantization(ctx, ck, &q) || !q.method) return;
+    if (!q.supported) {
+        printf("quantization: %s, not supported: %s\n", q.method, q.problem);
+        return;
+    }
+    printf("quantization: %s", q.method);
+    if (q.block_rows)
+        printf(", blocks of %llu x %llu", (unsigned long long)q.block_rows,
+               (unsigned long long)q.block_cols);
+    printf(": %zu FP8 weights with their scales (%zu block, %zu per channel, %zu per tensor)",
+           q.weights, q.block_scales, q.channel_scales, q.tensor_scales);
+    if (q.input_scales) printf(", %zu input scales", q.input_scales);
+    printf("; scales follow their weights' rows or columns\n");
+}
+
 void cli_report_rejection(const tps_plan *plan, const tps_layout *L)
 {
     if (tps_layout_target(L))
@@ -282,6 +332,11 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         jw_kstr("layout", tps_layout_name(L));
         jw_kstr("target", target);
         jw_kint("tp", tp);
+        {
+            tps_ctx *qc = tps_ctx_new();
+            if (qc) cli_quant_json(qc, ck);
+            tps_ctx_free(qc);
+        }
         jw_kstr("rejected", rej);
         jw_key("untie");
         if (tps_ckpt_untied_head(ck)) {
@@ -421,6 +476,14 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
         for (int r = 0; r < tp; r++)
             if (g_display >= 2 || r == 0 || r == tp - 1) print_rank_tensors(L, r);
         if (tp > 2 && g_display < 2) printf("\n(ranks 1 to %d: tpshard plan -v)\n", tp - 2);
+    }
+    {
+        tps_ctx *qc = tps_ctx_new();
+        if (qc) {
+            printf("\n");
+            cli_quant_line(qc, ck);
+        }
+        tps_ctx_free(qc);
     }
     printf("\nbytes per rank:");
     for (int r = 0; r < tp; r++) printf("%s %d: %s", r ? "," : "", r, cli_human(tps_layout_rank_bytes(L, r), b1, sizeof b1));

@@ -272,3 +272,34 @@ out:
     *out = q;
     return rc;
 }
+
+tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *v)
+{
+    memset(v, 0, sizeof *v);
+    const cJSON *m =
+        cJSON_GetObjectItemCaseSensitive(tps_config_get(ck->config, "quantization_config"),
+                                         "quant_method");
+    tps_quant *q = NULL;
+    tps_err rc = tps_quant_open(ctx, ck, &q);
+    if (rc == TPS_E_NOMEM) return rc;
+    if (rc) { /* inspect shows what split would refuse, and why */
+        v->method = cJSON_IsString(m) ? m->valuestring : "(unknown)";
+        v->problem = tps_ctx_errmsg(ctx);
+        return TPS_OK;
+    }
+    if (!q) return TPS_OK;
+    v->method = q->method_name;
+    v->supported = 1;
+    v->block_rows = q->bn;
+    v->block_cols = q->bk;
+    v->weights = q->nquant;
+    for (size_t i = 0; i < ck->n; i++) {
+        if (q->role[i] == TPS_QR_INPUT_SCALE) v->input_scales++;
+        if (q->role[i] != TPS_QR_SCALE) continue;
+        if (q->kind[i] == TPS_QS_BLOCK) v->block_scales++;
+        else if (q->kind[i] == TPS_QS_CHANNEL) v->channel_scales++;
+        else v->tensor_scales++;
+    }
+    tps_quant_free(q);
+    return TPS_OK;
+}

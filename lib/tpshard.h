@@ -149,6 +149,21 @@ int tps_ckpt_config_value(const tps_ckpt *ck, const char *field, char *buf, size
 tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, void *buf,
                       size_t len);
 
+/* ------------------------------------------------------------------ quantization */
+
+typedef struct {
+    const char *method;       /* quant_method ("fp8", "compressed-tensors"); NULL: none */
+    int supported;            /* 0: split refuses it, problem says why */
+    const char *problem;      /* borrowed from the ctx until its next call, or NULL */
+    uint64_t block_rows, block_cols; /* 0: no blocks */
+    size_t weights;           /* quantized (FP8) weights */
+    size_t block_scales, channel_scales, tensor_scales, input_scales;
+} tps_quant_view;
+
+/* The quantization of ck's tensors, as split reads it: every FP8 weight, its
+ * scale and how the scale follows it. Not quantized: v->method NULL. */
+tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *v);
+
 /* ------------------------------------------------------------------ plan */
 
 typedef struct tps_plan tps_plan;
