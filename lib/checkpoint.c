@@ -386,6 +386,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     const cJSON *plan = cJSON_GetObjectItemCaseSensitive(m, "plan");
     const cJSON *pname = cJSON_GetObjectItemCaseSensitive(plan, "name");
     if (cJSON_IsString(pname)) ck->plan_name = tps_strdup(pname->valuestring);
+    const cJSON *ptext = cJSON_GetObjectItemCaseSensitive(plan, "text");
+    if (cJSON_IsString(ptext)) ck->plan_text = ptext->valuestring;
     const cJSON *written = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
     TPS_FAIL_IF(!cJSON_IsArray(written), ctx, TPS_E_JSON, "%s: ranks_written is not an array", mpath);
     for (const cJSON *r = written->child; r; r = r->next) {

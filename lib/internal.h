@@ -283,6 +283,7 @@ struct tps_ckpt {
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
     unsigned char *rank_written; /* sharded dirs: tp entries, the manifest says written */
     char *plan_name;    /* sharded dirs: plan recorded in the manifest */
+    const char *plan_text; /* sharded dirs (version 2): the plan's YAML, or NULL */
     const char *layout_name;   /* sharded dirs: "dtensor", "vllm"... (borrowed from the manifest) */
     const char *layout_target; /* NULL for dtensor */
     const char *layout_text;   /* the layout file the split used, or NULL */
@@ -353,15 +354,42 @@ typedef struct {
     int line;
 } tps_pcheck;
 
+/* A tensor that packs several modules' rows (Phi-3's qkv_proj = [q; k; v]):
+ * its sections, in order, each with a row count given by an expression of
+ * config fields. */
+typedef struct {
+    char *name;  /* the module it stands for, e.g. "q_proj" */
+    char *rows;  /* e.g. "num_key_value_heads * head_dim" */
+} tps_section;
+
+typedef struct {
+    char **patterns;
+    size_t npat;
+    tps_section *sec;
+    size_t nsec;
+    int line;
+} tps_packed;
+
+/* An integer expression of config fields: + - * / ( ), decimal integers and
+ * field names (head_dim: config.json's, else hidden_size /
+ * num_attention_heads). 0 ok; -1 with the reason in why. Division must be
+ * exact. */
+int tps_expr_eval(const char *expr, const cJSON *config, uint64_t *out, char *why, size_t whylen);
+
 struct tps_plan {
     char *name, *description, *label;
+    char *text; /* the YAML as parsed (a serving layout's manifest keeps it) */
     char **architectures; size_t narch;
     char **model_types; size_t nmt;
     tps_rule *rules; size_t nrules;
     tps_pcheck *checks; size_t nchecks;
     /* untie: module paths of a tied embedding and of the head it stands for */
     char **untie_embedding, **untie_head; size_t nuntie;
+    tps_packed *packed; size_t npacked;
 };
+
+/* The packed rule a tensor's module matches, or NULL. */
+const tps_packed *tps_plan_packed(const tps_plan *p, const char *tensor_name);
 
 /* Module path of a tensor name: everything before the last '.'. */
 /* First rule whose `when` holds and one of whose patterns matches the module
@@ -571,8 +599,9 @@ struct tps_layout {
 
 /* The layout of a directory split earlier: styles as its manifest recorded
  * them (no plan), the layout file it used, and the directory's config. */
-tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_lspec *spec, int tp,
-                               const tps_style *styles, tps_layout **out);
+tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                               const tps_lspec *spec, int tp, const tps_style *styles,
+                               tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);

@@ -323,14 +323,16 @@ out:
     return rc;
 }
 
-tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_lspec *spec, int tp,
-                               const tps_style *styles, tps_layout **out)
+tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                               const tps_lspec *spec, int tp, const tps_style *styles,
+                               tps_layout **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
     tps_layout *L = tps_xcalloc(1, sizeof *L);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->ck = ck;
+    L->plan = plan;
     L->spec = spec;
     L->tp = tp;
     L->n = ck->n;
@@ -898,7 +900,7 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
 /* One fused group: parent.<part>.<param> for every part, written as
  * parent.<into>.<param>. idx[j] is part j's source tensor. */
 static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, const char *param,
-                           const size_t *idx)
+                           const size_t *idx, const uint64_t *base, const uint64_t *nrows)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
@@ -929,7 +931,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                    L->spec->name, t->name, parent, f->into, tps_style_name(L->p[idx[j]].style));
             return TPS_OK;
         }
-        uint64_t rows = t->shape[0];
+        uint64_t rows = nrows[j];
         if (p->heads) {
             int present;
             uint64_t h = config_count(ck->config, p->heads, &present);
@@ -1002,6 +1004,10 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                        L->spec->name, parent, f->into);
                 return TPS_OK;
             }
+        if (nq && idx[0] == idx[f->nparts - 1]) {
+            refuse(C, "tensor '%s' is quantized and packed: not supported yet", ck->t[idx[0]].name);
+            return TPS_OK;
+        }
         if (nq) {
             quant = 1;
             const char *sn = ck->t[L->q->partner[idx[0]]].name;
@@ -1017,7 +1023,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
     for (int r = 0; r < C->tp; r++) {
         uint64_t lo[16], len[16], total = 0;
         for (size_t j = 0; j < f->nparts; j++) {
-            uint64_t rows = ck->t[idx[j]].shape[0];
+            uint64_t rows = nrows[j];
             if (heads[j] && heads[j] % (uint64_t)C->tp == 0) {
                 len[j] = rows / (uint64_t)C->tp;
                 lo[j] = (uint64_t)r * len[j];
@@ -1037,7 +1043,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
         TPS_TRY(new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));
         uint64_t at = 0;
         for (size_t j = 0; j < f->nparts; j++) {
-            TPS_TRY(src_piece(C, rt, idx[j], 0, lo[j], lo[j] + len[j], at));
+            TPS_TRY(src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + len[j], at));
             at += len[j] * rowb;
         }
         if (quant) TPS_TRY(place_fused_scales(C, f, parent, idx, r, lo, len, heads, scale_name,
@@ -1056,6 +1062,76 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             rt->rule = "extra";
             TPS_TRY(add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST, .at = 0,
                                                   .nbytes = rt->nbytes, .value = x->value}));
+        }
+    }
+    return TPS_OK;
+}
+
+/* The sections of a packed tensor of the plan, by row: their offsets and
+ * counts from config.json. 0 with C->why set when they do not add up to the
+ * tensor's rows. */
+static int packed_rows(cstate *C, const tps_packed *k, size_t i, uint64_t *base, uint64_t *rows)
+{
+    const tps_ctensor *t = &C->ck->t[i];
+    uint64_t at = 0;
+    char why[256], list[512];
+    size_t o = 0;
+    list[0] = 0;
+    for (size_t j = 0; j < k->nsec; j++) {
+        if (tps_expr_eval(k->sec[j].rows, C->ck->config, &rows[j], why, sizeof why)) {
+            refuse(C, "tensor '%s' packs %s, whose rows (%s) config.json cannot give: %s",
+                   t->name, k->sec[j].name, k->sec[j].rows, why);
+            return 0;
+        }
+        base[j] = at;
+        at += rows[j];
+        if (o < sizeof list)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s %llu (%s)", j ? " + " : "",
+                                  k->sec[j].name, (unsigned long long)rows[j], k->sec[j].rows);
+    }
+    if (t->ndim < 1 || at != t->shape[0]) {
+        refuse(C, "tensor '%s' has %llu rows, but the plan packs %s = %llu rows into it: the "
+                  "checkpoint does not match its config.json",
+               t->name, t->ndim ? (unsigned long long)t->shape[0] : 0ULL, list,
+               (unsigned long long)at);
+        return 0;
+    }
+    return 1;
+}
+
+/* Fusion f's parts as sections of one packed tensor parent.X.param of the
+ * plan (each part a section by name), if there is one. */
+static tps_err packed_parts(cstate *C, const tps_lfuse *f, const char *parent, const char *param,
+                            size_t *idx, uint64_t *base, uint64_t *nrows, int *found)
+{
+    const tps_ckpt *ck = C->ck;
+    const tps_plan *plan = C->L->plan;
+    *found = 0;
+    for (size_t kk = 0; plan && kk < plan->npacked; kk++) {
+        const tps_packed *k = &plan->packed[kk];
+        /* a tensor parent.<leaf>.param matching the rule */
+        for (size_t i = 0; i < ck->n; i++) {
+            const char *nm = ck->t[i].name;
+            size_t pl = strlen(parent), ml;
+            if (strncmp(nm, parent, pl) || nm[pl] != '.' || !module_of(nm, &ml) ||
+                strcmp(nm + ml + 1, param) || memchr(nm + pl + 1, '.', ml - pl - 1) ||
+                tps_plan_packed(plan, nm) != k)
+                continue;
+            uint64_t sb[16], sr[16];
+            if (!packed_rows(C, k, i, sb, sr)) return TPS_OK;
+            size_t hit = 0;
+            for (size_t j = 0; j < f->nparts; j++)
+                for (size_t q = 0; q < k->nsec; q++)
+                    if (!strcmp(k->sec[q].name, f->parts[j].module)) {
+                        idx[j] = i;
+                        base[j] = sb[q];
+                        nrows[j] = sr[q];
+                        hit++;
+                    }
+            if (hit == f->nparts) {
+                *found = 1;
+                return TPS_OK;
+            }
         }
     }
     return TPS_OK;
@@ -1086,6 +1162,19 @@ static tps_err compile_fused(cstate *C)
                     pl = ml - lp - 1;
                 }
             }
+            const tps_packed *pk = which == f->nparts ? tps_plan_packed(C->L->plan, nm) : NULL;
+            if (pk) { /* a packed tensor whose sections are f's parts (Phi-3's qkv_proj) */
+                size_t hit = 0;
+                for (size_t j = 0; j < f->nparts; j++)
+                    for (size_t q = 0; q < pk->nsec; q++) hit += !strcmp(pk->sec[q].name, f->parts[j].module);
+                if (hit == f->nparts) {
+                    const char *dot = memrchr(nm, '.', ml);
+                    if (dot) {
+                        which = 0;
+                        pl = (size_t)(dot - nm);
+                    }
+                }
+            }
             if (which == f->nparts) continue;
             char *parent = tps_xmalloc(pl + 1);
             if (!parent) return nomem(C);
@@ -1104,6 +1193,18 @@ static tps_err compile_fused(cstate *C)
                 idx[j] = k < 0 ? 0 : (size_t)k;
                 free(want);
             }
+            uint64_t base[16] = {0}, nrows[16] = {0};
+            for (size_t j = 0; j < f->nparts && !missing[0]; j++) nrows[j] = ck->t[idx[j]].shape[0];
+            if (missing[0]) {
+                /* the parts may be sections of one packed sibling (Phi-3) */
+                int found = 0;
+                TPS_TRY(packed_parts(C, f, parent, param, idx, base, nrows, &found));
+                if (C->why[0]) {
+                    free(parent);
+                    return TPS_OK;
+                }
+                if (found) missing[0] = 0;
+            }
             if (missing[0]) {
                 refuse(C, "layout %s fuses %s.{", s->name, parent);
                 size_t o = strlen(C->why);
@@ -1117,7 +1218,7 @@ static tps_err compile_fused(cstate *C)
                 free(parent);
                 return TPS_OK;
             }
-            tps_err rc = place_fused(C, f, parent, param, idx);
+            tps_err rc = place_fused(C, f, parent, param, idx, base, nrows);
             free(parent);
             TPS_TRY(rc);
             if (C->why[0]) return TPS_OK;
@@ -1370,6 +1471,12 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         } else {
             emb = -1; /* untied: both are ordinary tensors */
         }
+    }
+    /* packed tensors must hold the rows their config says (any layout) */
+    for (size_t i = 0; L->plan && i < ck->n && ck->config; i++) {
+        const tps_packed *k = tps_plan_packed(L->plan, ck->t[i].name);
+        uint64_t b[16], r[16];
+        if (k && !packed_rows(&C, k, i, b, r)) goto out;
     }
     if (s) {
         TPS_CHECK(compile_fused(&C));

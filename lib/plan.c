@@ -623,17 +623,56 @@ static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
     return TPS_OK;
 }
 
+/* packed: [{match: PATTERN(S), sections: [{name: LEAF, rows: EXPR}, ...]}] */
+static tps_err parse_packed(const pctx *pc, const ynode *v, tps_plan *p)
+{
+    static const char *const known[] = {"match", "sections"};
+    static const char *const sknown[] = {"name", "rows"};
+    if (v->type != YN_SEQ || v->n > PLAN_MAX_RULES)
+        return perr(pc, v->line, "'packed' must be a list of at most %d entries", PLAN_MAX_RULES);
+    p->packed = tps_xcalloc(v->n ? v->n : 1, sizeof *p->packed);
+    if (!p->packed) return nomem(pc->ctx);
+    for (size_t i = 0; i < v->n; i++) {
+        const ynode *f[2];
+        tps_packed *k = &p->packed[p->npacked++];
+        k->line = v->kid[i]->line;
+        TPS_TRY(map_fields(pc, v->kid[i], "packed entry", known, 2, f));
+        if (!f[0] || !f[1]) return perr(pc, k->line, "a packed entry needs 'match' and 'sections'");
+        TPS_TRY(get_str_list(pc, f[0], "match", check_pattern, &k->patterns, &k->npat));
+        if (f[1]->type != YN_SEQ || f[1]->n < 2 || f[1]->n > 16)
+            return perr(pc, f[1]->line, "'sections' must be a list of 2 to 16 sections");
+        k->sec = tps_xcalloc(f[1]->n, sizeof *k->sec);
+        if (!k->sec) return nomem(pc->ctx);
+        for (size_t j = 0; j < f[1]->n; j++) {
+            const ynode *sv[2];
+            tps_section *sec = &k->sec[k->nsec++];
+            TPS_TRY(map_fields(pc, f[1]->kid[j], "section", sknown, 2, sv));
+            if (!sv[0] || !sv[1])
+                return perr(pc, f[1]->kid[j]->line, "a section needs 'name' and 'rows'");
+            TPS_TRY(get_str(pc, sv[0], "name", &sec->name));
+            TPS_TRY(get_str(pc, sv[1], "rows", &sec->rows));
+            /* the expression's syntax now; its fields when a config is at hand */
+            char why[256];
+            uint64_t dummy;
+            if (tps_expr_eval(sec->rows, NULL, &dummy, why, sizeof why) && strstr(why, "syntax"))
+                return perr(pc, sv[1]->line, "section '%s': %s", sec->name, why);
+        }
+    }
+    return TPS_OK;
+}
+
 static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
 {
     static const char *const known[] = {"name",   "description", "serves",
-                                        "rules",  "checks",      "untie"};
+                                        "rules",  "checks",      "untie", "packed"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    const ynode *v[6], *sv[2];
+    const ynode *v[7], *sv[2];
 
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a plan must be a mapping with 'name' and 'rules', not %s",
                     y_kind(root));
-    TPS_TRY(map_fields(pc, root, "the plan", known, 6, v));
+    TPS_TRY(map_fields(pc, root, "the plan", known, 7, v));
+    if (v[6] && !y_is_null(v[6])) TPS_TRY(parse_packed(pc, v[6], p));
     if (!v[0]) return perr(pc, root->line, "plan without 'name'");
     if (!v[3]) return perr(pc, root->line, "plan without 'rules'");
     TPS_TRY(get_str(pc, v[0], "name", &p->name));
@@ -693,9 +732,19 @@ static void strv_free(char **v, size_t n)
 void tps_plan_free(tps_plan *p)
 {
     if (!p) return;
+    for (size_t i = 0; i < p->npacked; i++) {
+        strv_free(p->packed[i].patterns, p->packed[i].npat);
+        for (size_t j = 0; j < p->packed[i].nsec; j++) {
+            free(p->packed[i].sec[j].name);
+            free(p->packed[i].sec[j].rows);
+        }
+        free(p->packed[i].sec);
+    }
+    free(p->packed);
     free(p->name);
     free(p->description);
     free(p->label);
+    free(p->text);
     strv_free(p->architectures, p->narch);
     strv_free(p->model_types, p->nmt);
     for (size_t i = 0; i < p->nrules; i++) {
@@ -736,6 +785,11 @@ tps_err tps_plan_parse(tps_ctx *ctx, const char *label, const char *text, size_t
     p = tps_xcalloc(1, sizeof *p);
     TPS_FAIL_IF(!p, ctx, TPS_E_NOMEM, "out of memory");
     p->label = tps_strdup(pc.label);
+    p->text = tps_xmalloc(len + 1);
+    if (p->text) {
+        memcpy(p->text, text ? text : "", len);
+        p->text[len] = 0;
+    }
     TPS_FAIL_IF(!p->label, ctx, TPS_E_NOMEM, "out of memory");
     TPS_CHECK(build_plan(&pc, root, p));
     *out = p;
@@ -1610,4 +1664,139 @@ out:
     ynode_free(root);
     tps_lspec_free(s);
     return rc;
+}
+
+/* ------------------------------------------------------------------ expressions */
+
+typedef struct {
+    const char *s;
+    const cJSON *config;
+    char *why;
+    size_t whylen;
+    int err;
+} ex;
+
+static void ex_fail(ex *e, const char *fmt, const char *arg)
+{
+    if (!e->err) snprintf(e->why, e->whylen, fmt, arg);
+    e->err = 1;
+}
+
+static void ex_space(ex *e)
+{
+    while (*e->s == ' ' || *e->s == '\t') e->s++;
+}
+
+static uint64_t ex_sum(ex *e);
+
+static uint64_t ex_field(ex *e, const char *name)
+{
+    const cJSON *v = tps_config_get(e->config, name);
+    if (!v && !strcmp(name, "head_dim")) {
+        /* transformers' default: hidden_size / num_attention_heads */
+        const cJSON *h = tps_config_get(e->config, "hidden_size");
+        const cJSON *a = tps_config_get(e->config, "num_attention_heads");
+        if (cJSON_IsNumber(h) && cJSON_IsNumber(a) && a->valuedouble >= 1)
+            return (uint64_t)h->valuedouble / (uint64_t)a->valuedouble;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble > 9007199254740992.0) {
+        ex_fail(e, e->config ? "config.json has no count '%s'" : "field '%s' needs a config", name);
+        return 0;
+    }
+    return (uint64_t)v->valuedouble;
+}
+
+static uint64_t ex_atom(ex *e)
+{
+    ex_space(e);
+    if (*e->s == '(') {
+        e->s++;
+        uint64_t v = ex_sum(e);
+        ex_space(e);
+        if (*e->s != ')') ex_fail(e, "syntax: missing ')' in '%s'", e->s);
+        else e->s++;
+        return v;
+    }
+    if (*e->s >= '0' && *e->s <= '9') {
+        uint64_t v = 0;
+        while (*e->s >= '0' && *e->s <= '9') {
+            if (v > UINT64_MAX / 10) ex_fail(e, "syntax: number too large at '%s'", e->s);
+            v = v * 10 + (uint64_t)(*e->s++ - '0');
+        }
+        return v;
+    }
+    char name[64];
+    size_t n = 0;
+    while ((*e->s >= 'a' && *e->s <= 'z') || (*e->s >= 'A' && *e->s <= 'Z') ||
+           (*e->s >= '0' && *e->s <= '9') || *e->s == '_' || *e->s == '.') {
+        if (n + 1 < sizeof name) name[n++] = *e->s;
+        e->s++;
+    }
+    name[n] = 0;
+    if (!n) {
+        ex_fail(e, "syntax: expected a number, a field or '(' at '%s'", e->s);
+        return 0;
+    }
+    return ex_field(e, name);
+}
+
+static uint64_t ex_prod(ex *e)
+{
+    uint64_t v = ex_atom(e);
+    for (;;) {
+        ex_space(e);
+        char op = *e->s;
+        if (op != '*' && op != '/') return v;
+        e->s++;
+        uint64_t w = ex_atom(e);
+        if (e->err) return 0;
+        if (op == '*') {
+            if (tps_mul_ovf(v, w, &v)) ex_fail(e, "%s", "product overflows");
+        } else if (!w || v % w) {
+            char b[64];
+            snprintf(b, sizeof b, "%llu / %llu", (unsigned long long)v, (unsigned long long)w);
+            ex_fail(e, "%s is not a whole number", b);
+        } else {
+            v /= w;
+        }
+    }
+}
+
+static uint64_t ex_sum(ex *e)
+{
+    uint64_t v = ex_prod(e);
+    for (;;) {
+        ex_space(e);
+        char op = *e->s;
+        if (op != '+' && op != '-') return v;
+        e->s++;
+        uint64_t w = ex_prod(e);
+        if (op == '+') v += w;
+        else if (w > v) ex_fail(e, "%s", "difference is negative");
+        else v -= w;
+    }
+}
+
+int tps_expr_eval(const char *expr, const cJSON *config, uint64_t *out, char *why, size_t whylen)
+{
+    ex e = {.s = expr, .config = config, .why = why, .whylen = whylen};
+    if (whylen) why[0] = 0;
+    uint64_t v = ex_sum(&e);
+    ex_space(&e);
+    if (!e.err && *e.s) ex_fail(&e, "syntax: unexpected '%s'", e.s);
+    if (e.err) return -1;
+    *out = v;
+    return 0;
+}
+
+const tps_packed *tps_plan_packed(const tps_plan *p, const char *tensor_name)
+{
+    const char *dot = p ? strrchr(tensor_name, '.') : NULL;
+    if (!dot) return NULL;
+    size_t ml = (size_t)(dot - tensor_name);
+    for (size_t i = 0; i < p->npacked; i++)
+        for (size_t j = 0; j < p->packed[i].npat; j++)
+            if (path_match(p->packed[i].patterns[j], tensor_name, ml)) return &p->packed[i];
+    return NULL;
 }

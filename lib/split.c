@@ -647,6 +647,10 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     mw_str(f, tps_plan_name(L->plan));
     fputs(", \"source\": ", f);
     mw_str(f, plan_source);
+    if (L->spec && L->plan && L->plan->text) { /* verify lays a serving layout out again */
+        fputs(", \"text\": ", f);
+        mw_str(f, L->plan->text);
+    }
     fputs("},\n", f);
     if (L->spec) {
         fputs("\"layout\": {\"name\": ", f);

@@ -474,6 +474,7 @@ typedef struct {
     tps_gpu *gpu;
     tps_quant *q;         /* the directory's quantization, or NULL */
     tps_layout *lay;      /* a serving layout, compiled again from the manifest */
+    tps_plan *plan;       /* its plan, as recorded */
     tps_layout_spec *spec;
     int *lay_piece_rt;    /* rank tensor of each of lay's pieces */
     unsigned char *local;
@@ -2333,6 +2334,7 @@ static void vctx_free(vctx *V)
     tps_ckpt_free(V->src);
     if (!V->lay) tps_quant_free(V->q);
     tps_layout_free(V->lay);
+    tps_plan_free(V->plan);
     tps_layout_spec_free(V->spec);
     free(V->lay_piece_rt);
     tps_ckpt_free(V->ck);
@@ -2368,7 +2370,10 @@ static tps_err expect_layout(vctx *V)
     TPS_FAIL_IF(strcmp(V->spec->name, ck->layout_name), ctx, TPS_E_MISMATCH,
                 "%s: the manifest's layout is %s but its layout file is %s", ck->path,
                 ck->layout_name, V->spec->name);
-    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->spec, V->tp, st, &V->lay));
+    if (ck->plan_text) /* packed tensors: their sections are the plan's */
+        TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
+                                 strlen(ck->plan_text), &V->plan));
+    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, V->tp, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);
