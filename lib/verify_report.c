@@ -1,0 +1,99 @@
+/* verify_report.c - the report verify returns: one row per check. */
+#include "verify_int.h"
+
+#include <errno.h>
+#include <fnmatch.h>
+#include <math.h>
+
+/* ------------------------------------------------------------------ report */
+
+
+void tps_va_row_free(tps_verify_row *r)
+{
+    free((char *)r->check);
+    free((char *)r->kind);
+    free((char *)r->note);
+}
+
+void tps_verify_report_free(tps_verify_report *r)
+{
+    if (!r) return;
+    for (size_t i = 0; i < r->n; i++) tps_va_row_free(&r->rows[i]);
+    free(r->rows);
+    free(r->backend);
+    free(r);
+}
+size_t tps_verify_report_count(const tps_verify_report *r)
+{
+    return r ? r->n : 0;
+}
+const tps_verify_row *tps_verify_report_row(const tps_verify_report *r, size_t i)
+{
+    return r && i < r->n ? &r->rows[i] : NULL;
+}
+int tps_verify_report_ok(const tps_verify_report *r)
+{
+    return r ? r->ok : 0;
+}
+const char *tps_verify_report_backend(const tps_verify_report *r)
+{
+    return r && r->backend ? r->backend : "";
+}
+double tps_verify_report_seconds(const tps_verify_report *r)
+{
+    return r ? r->seconds : 0;
+}
+double tps_verify_report_setup_seconds(const tps_verify_report *r)
+{
+    return r ? r->setup_seconds : 0;
+}
+uint64_t tps_verify_report_bytes(const tps_verify_report *r)
+{
+    return r ? r->bytes : 0;
+}
+
+const char *tps_backends_built(void)
+{
+#ifdef TPS_WITH_CUDA
+    return "cpu cuda nccl";
+#else
+    return "cpu";
+#endif
+}
+
+tps_err tps_backend_runtime_info(char *buf, size_t len)
+{
+    return tps_gpu_runtime_info(buf, len);
+}
+
+/* Takes ownership of note (may be NULL). 0 ok, -1 out of memory. */
+int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, double err,
+                   double tol, uint64_t wrong, uint64_t total, int ok, char *note)
+{
+    if (R->n == R->cap) {
+        size_t nc = R->cap ? R->cap * 2 : 64;
+        tps_verify_row *nr = realloc(R->rows, nc * sizeof *nr);
+        if (!nr) {
+            free(note);
+            return -1;
+        }
+        R->rows = nr;
+        R->cap = nc;
+    }
+    tps_verify_row *r = &R->rows[R->n];
+    r->check = tps_strdup(check);
+    r->kind = tps_strdup(kind);
+    r->max_abs_err = err;
+    r->tolerance = tol;
+    r->wrong = wrong;
+    r->total = total;
+    r->ok = ok;
+    r->note = note;
+    if (!r->check || !r->kind) {
+        tps_va_row_free(r);
+        return -1;
+    }
+    R->n++;
+    if (!ok) R->ok = 0;
+    return 0;
+}
