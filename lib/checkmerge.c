@@ -49,12 +49,6 @@ static const tps_piece *piece_n(const tps_ctensor *t, int p)
 {
     return p < t->npieces ? &t->pieces[p] : &t->replicas[p - t->npieces];
 }
-static tps_err read_piece(tps_ctx *ctx, const tps_ckpt *ck, const tps_piece *pc, uint64_t off,
-                          void *buf, size_t len)
-{
-    const tps_cfile *f = &ck->files[pc->file];
-    return tps_pread_full(ctx, f->fd, f->path, buf, len, pc->off + off);
-}
 
 typedef struct {
     size_t t;
@@ -113,7 +107,7 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
                 }
                 continue;
             }
-            tps_err rc = read_piece(ctx, ck, piece_n(&ck->t[T[j].t], T[j].piece), T[j].off, buf,
+            tps_err rc = tps_ckpt_read_piece_at(ctx, ck, &ck->t[T[j].t], piece_n(&ck->t[T[j].t], T[j].piece), T[j].off, buf,
                                     (size_t)T[j].len);
             if (rc) {
 #pragma omp critical
@@ -178,7 +172,7 @@ tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
                 for (int p = 0; i >= 0 && p < all_pieces(&ck->t[i]) && !found; p++) {
                     const tps_piece *pc = piece_n(&ck->t[i], p);
                     found = pc->file == rt->file && !strcmp(pc->holder, rt->name) &&
-                            pc->at == fl->at && pc->nbytes == fl->nbytes;
+                            pc->at == fl->at && pc->fbytes == fl->nbytes;
                 }
                 TPS_FAIL_IF(!found, ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': bytes [%llu, %llu) should hold a piece of '%s', which "
@@ -338,8 +332,8 @@ static tps_err same_rows(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char
                         (unsigned long long)r->hi);
     for (uint64_t off = 0; off < r->nbytes; off += CHUNK / 2) {
         size_t len = (size_t)(r->nbytes - off < CHUNK / 2 ? r->nbytes - off : CHUNK / 2);
-        TPS_TRY(read_piece(ctx, ck, &t->pieces[q], off, a, len));
-        TPS_TRY(read_piece(ctx, ck, r, off, b, len));
+        TPS_TRY(tps_ckpt_read_piece_at(ctx, ck, t, &t->pieces[q], off, a, len));
+        TPS_TRY(tps_ckpt_read_piece_at(ctx, ck, t, r, off, b, len));
         if (memcmp(a, b, len) != 0)
             return tps_fail(ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': rows [%llu, %llu) differ between rank %d and its "
@@ -501,6 +495,8 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     tps_ckpt *ck = NULL;
     char *a = NULL, *b = NULL, *bufa = NULL, *bufb = NULL;
     tps_err rc = TPS_OK;
+    size_t merged = 0;
+    int made_dir = 0;
     if (files_written) *files_written = 0;
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
     char missing[256];
@@ -533,9 +529,11 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     } else {
         TPS_FAIL_IF(mkdir(o->out_dir, 0755) != 0, ctx, TPS_E_IO, "%s: cannot create: %s", o->out_dir,
                     strerror(errno));
+        made_dir = 1;
     }
     for (size_t i = 0; i < ck->norigins; i++) {
         TPS_CHECK(merge_file(ctx, ck, ck->origins[i], o->out_dir));
+        merged = i + 1;
         if (files_written) (*files_written)++;
     }
     if (ck->index_name) TPS_CHECK(write_index(ctx, ck, o->out_dir));
@@ -543,6 +541,17 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->untie_config));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
 out:
+    /* A failed merge leaves no part of a checkpoint behind: the files this
+     * run wrote go (the ones --force was to replace are gone already), and
+     * the directory when it made it. */
+    if (rc && ck) {
+        for (size_t i = 0; i < merged; i++) {
+            char *p = tps_path_join(o->out_dir, ck->origins[i]);
+            if (p) unlink(p);
+            free(p);
+        }
+        if (made_dir) rmdir(o->out_dir);
+    }
     free(a);
     free(b);
     free(bufa);

@@ -132,7 +132,8 @@ static tps_err add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi)
         t->origin = f->name;
         t->pieces[0].file = (int)fi;
         t->pieces[0].off = f->st->data_start + s->begin;
-        t->pieces[0].nbytes = t->nbytes;
+        t->pieces[0].nbytes = t->pieces[0].fbytes = t->nbytes;
+        t->pieces[0].stored = t->dtype;
     }
     return TPS_OK;
 }
@@ -533,6 +534,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             const cJSON *crc = cJSON_GetObjectItemCaseSensitive(r, "crc32");
             const cJSON *hold = cJSON_GetObjectItemCaseSensitive(r, "tensor");
             const cJSON *atj = cJSON_GetObjectItemCaseSensitive(r, "at");
+            const cJSON *sdt = cJSON_GetObjectItemCaseSensitive(r, "dtype");
+            tps_dtype stored = t->dtype;
             int replica = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "replica"));
             uint64_t lshape[TPS_MAX_DIMS], at = 0;
             int lnd = 0;
@@ -542,10 +545,17 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                             !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
                             lnd != t->ndim || !json_u64(off, &lo) ||
                             (hold && (!v2 || !cJSON_IsString(hold))) ||
-                            (atj && (!v2 || !json_u64(atj, &at))) || (replica && (!v2 || t->dim < 0)),
+                            (atj && (!v2 || !json_u64(atj, &at))) || (replica && (!v2 || t->dim < 0)) ||
+                            (sdt && (!v2 || !cJSON_IsString(sdt) ||
+                                     tps_dtype_from_name(sdt->valuestring, &stored))),
                         ctx, TPS_E_JSON, "%s: tensor '%s': malformed ranks[] entry", mpath, t->name);
             int rank = rr->valueint;
             const char *holder = hold ? hold->valuestring : t->name;
+            TPS_FAIL_IF(stored != t->dtype && (stored != TPS_F32 || !tps_cast_ok(t->dtype)), ctx,
+                        TPS_E_MISMATCH,
+                        "%s: tensor '%s': rank %d's piece is stored as %s, but a %s tensor can "
+                        "only be stored as itself or widened to F32 (a scale the layout widened)",
+                        mpath, t->name, rank, tps_dtype_name(stored), tps_dtype_name(t->dtype));
             /* Local shape must be the global one but along dim. */
             for (int d = 0; d < t->ndim; d++)
                 TPS_FAIL_IF(d != t->dim && lshape[d] != t->shape[d], ctx, TPS_E_MISMATCH,
@@ -575,10 +585,11 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
                         ck->files[fi].path, holder);
             seen[fi][si - st->t] = 1;
-            TPS_FAIL_IF(si->dtype != t->dtype, ctx, TPS_E_MISMATCH,
+            TPS_FAIL_IF(si->dtype != stored, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s' is %s but the manifest says %s", ck->files[fi].path,
-                        holder, tps_dtype_name(si->dtype), tps_dtype_name(t->dtype));
-            uint64_t pbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
+                        holder, tps_dtype_name(si->dtype), tps_dtype_name(stored));
+            uint64_t lbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
+            uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
             if (!hold && !at) {
                 int same = si->ndim == lnd;
                 for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
@@ -597,7 +608,9 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             pc->file = (int)fi;
             pc->rank = rank;
             pc->off = st->data_start + si->begin + at;
-            pc->nbytes = pbytes;
+            pc->nbytes = lbytes;
+            pc->fbytes = pbytes;
+            pc->stored = stored;
             pc->lo = lo;
             pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
             pc->holder = holder;
@@ -868,8 +881,37 @@ tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piec
                              : NULL;
     if (!p || off + len > p->nbytes || off + len < off)
         return tps_fail(ctx, TPS_E_ARG, "tensor '%s': read outside piece %d", t->name, piece);
+    return tps_ckpt_read_piece_at(ctx, ck, t, p, off, buf, len);
+}
+
+tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
+                               const tps_piece *p, uint64_t off, void *buf, size_t len)
+{
     const tps_cfile *f = &ck->files[p->file];
-    return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
+    if (p->stored == t->dtype || p->fbytes == p->nbytes || p->stored != TPS_F32)
+        return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
+    /* Widened to F32: read whole elements, narrow them back exactly. */
+    size_t es = tps_dtype_bits(t->dtype) / 8, ratio = 4 / es;
+    unsigned char wide[4096], narrow[1024];
+    uint64_t e = off / es, end = (off + len + es - 1) / es;
+    char *out = buf;
+    while (e < end) {
+        size_t n = (size_t)(end - e < sizeof wide / 4 ? end - e : sizeof wide / 4), bad = 0;
+        TPS_TRY(tps_pread_full(ctx, f->fd, f->path, wide, n * 4, p->off + e * es * ratio));
+        if (tps_narrow_f32(t->dtype, wide, narrow, n, &bad))
+            return tps_fail(ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': element %llu of rank %d's piece is not a %s value "
+                            "widened to F32 (the file changed after the split)",
+                            f->path, p->holder ? p->holder : t->name,
+                            (unsigned long long)(p->at / 4 + e + bad), p->rank,
+                            tps_dtype_name(t->dtype));
+        /* the part of these elements' bytes inside [off, off + len) */
+        uint64_t b0 = e * es, b1 = (e + n) * es;
+        uint64_t lo = b0 > off ? b0 : off, hi = b1 < off + len ? b1 : off + len;
+        memcpy(out + (lo - off), narrow + (lo - b0), (size_t)(hi - lo));
+        e += n;
+    }
+    return TPS_OK;
 }
 
 /* Pieces of a tensor cut along dim are concatenated along it: view the
@@ -932,7 +974,7 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
     uint64_t poff, run;
     if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || run < len) return 0;
+    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes) return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;
     return 1;

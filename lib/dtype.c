@@ -175,3 +175,89 @@ void tps_encode_value(tps_dtype d, double v, unsigned char *out)
         memcpy(out, &v, 8);
     }
 }
+
+/* ------------------------------------------------------------------ widening to F32 */
+
+int tps_cast_ok(tps_dtype d)
+{
+    return d == TPS_F32 || d == TPS_BF16 || d == TPS_F16 || d == TPS_F8_E8M0;
+}
+
+/* E8M0 is an exponent alone: 2^(e - 127), 0xFF NaN; e = 0 is an F32 subnormal. */
+static uint32_t e8m0_widen(uint8_t e)
+{
+    return e == 0xFF ? 0x7FC00000u : e == 0 ? 0x00400000u : (uint32_t)e << 23;
+}
+
+static uint32_t half_widen(uint16_t h)
+{
+    float f = half_to_f32(h);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+void tps_widen_f32(tps_dtype d, const void *src, void *dst, size_t n)
+{
+    const unsigned char *s = src;
+    unsigned char *o = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        switch (d) {
+        case TPS_BF16: u = ((uint32_t)s[2 * i] | (uint32_t)s[2 * i + 1] << 8) << 16; break;
+        case TPS_F16: u = half_widen((uint16_t)(s[2 * i] | s[2 * i + 1] << 8)); break;
+        case TPS_F8_E8M0: u = e8m0_widen(s[i]); break;
+        default:
+            u = (uint32_t)s[4 * i] | (uint32_t)s[4 * i + 1] << 8 | (uint32_t)s[4 * i + 2] << 16 |
+                (uint32_t)s[4 * i + 3] << 24;
+        }
+        o[4 * i] = (unsigned char)u;
+        o[4 * i + 1] = (unsigned char)(u >> 8);
+        o[4 * i + 2] = (unsigned char)(u >> 16);
+        o[4 * i + 3] = (unsigned char)(u >> 24);
+    }
+}
+
+int tps_narrow_f32(tps_dtype d, const void *src, void *dst, size_t n, size_t *bad)
+{
+    const unsigned char *s = src;
+    unsigned char *o = dst;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[4 * i] | (uint32_t)s[4 * i + 1] << 8 |
+                     (uint32_t)s[4 * i + 2] << 16 | (uint32_t)s[4 * i + 3] << 24;
+        int ok = 1;
+        switch (d) {
+        case TPS_BF16:
+            ok = (u & 0xFFFFu) == 0;
+            o[2 * i] = (unsigned char)(u >> 16);
+            o[2 * i + 1] = (unsigned char)(u >> 24);
+            break;
+        case TPS_F16: {
+            uint16_t h;
+            if ((u & 0x7F800000u) == 0x7F800000u) { /* inf, NaN: keep the payload */
+                h = (uint16_t)(((u >> 16) & 0x8000u) | 0x7C00u | ((u & 0x7FFFFFu) >> 13));
+            } else {
+                float f;
+                memcpy(&f, &u, 4);
+                h = half_from_f32(f);
+            }
+            ok = half_widen(h) == u;
+            o[2 * i] = (unsigned char)h;
+            o[2 * i + 1] = (unsigned char)(h >> 8);
+            break;
+        }
+        case TPS_F8_E8M0: {
+            uint8_t e = u == 0x7FC00000u ? 0xFF : u == 0x00400000u ? 0 : (uint8_t)(u >> 23);
+            ok = e8m0_widen(e) == u;
+            o[i] = e;
+            break;
+        }
+        default: memcpy(o + 4 * i, s + 4 * i, 4);
+        }
+        if (!ok) {
+            if (bad) *bad = i;
+            return -1;
+        }
+    }
+    return 0;
+}

@@ -149,6 +149,15 @@ void tps_guard_leave(void);
 void tps_encode_value(tps_dtype d, double v, unsigned char *out);
 /* Converts n elements of dtype d at src (unaligned ok) to f32. 0 ok, -1 not a float dtype. */
 int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n);
+/* Serving layouts write some tensors (quantization scales) widened to F32,
+ * as the engine holds them. tps_cast_ok: d widens to F32 and back exactly
+ * (F32, BF16, F16, F8_E8M0). tps_widen_f32: n elements of d at src to F32
+ * bytes (little-endian) at dst. tps_narrow_f32: back; -1 and the index of
+ * the first element that is not a widened d in *bad (bytes that did not come
+ * from a widening: a rank file changed after the split). */
+int tps_cast_ok(tps_dtype d);
+void tps_widen_f32(tps_dtype d, const void *src, void *dst, size_t n);
+int tps_narrow_f32(tps_dtype d, const void *src, void *dst, size_t n, size_t *bad);
 
 /* ------------------------------------------------------------------ safetensors */
 
@@ -210,6 +219,9 @@ typedef struct {
     const char *holder; /* sharded dirs: the rank tensor holding it (a serving
                          * layout's fused or padded tensor), or the tensor's own name */
     uint64_t at;        /* its byte offset in that rank tensor */
+    tps_dtype stored;   /* the dtype its bytes are in: the tensor's, or F32 when a
+                         * serving layout widened it (scales); reads narrow it back */
+    uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
@@ -311,6 +323,9 @@ char *tps_json_untie_text(const char *text, size_t len);
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
                             void *buf, size_t len);
+/* The same for a piece (or replica) p of tensor t, narrowing widened bytes. */
+tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
+                               const tps_piece *p, uint64_t off, void *buf, size_t len);
 /* Re-checks that every source file still has the size and modification time
  * it had at open. */
 tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck);
@@ -434,7 +449,12 @@ typedef struct {
 typedef struct {
     char *name;    /* relative to the fused module's parent, e.g. "attn._k_scale" */
     tps_dtype dtype;
+    int model_dtype;  /* dtype: model: the dtype the engine serves the model in */
+    int ndim;         /* 0 (a scalar) or 1 */
+    uint64_t len;     /* ndim 1: its length */
     double value;
+    char *quant;      /* only for checkpoints of this quant_method ("none": unquantized) */
+    tps_cond *when, *unless;
 } tps_lextra;
 
 typedef struct {
@@ -491,6 +511,11 @@ typedef struct tps_lspec {
     size_t nrules;
     tps_lfuse *fuse;
     size_t nfuse;
+    /* quantized checkpoints: scales as the engine holds them */
+    int scale_f32;          /* every scale and input scale widened to F32 */
+    int scalar_as_1;        /* 0-dim per-tensor scales written [1] */
+    unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
+    char *refuse_scales_reason;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,

@@ -519,8 +519,12 @@ static tps_err src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_
     TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
     if (fresh) C->L->regions[g].primary = C->L->npieces;
     C->used[src] = 1;
-    return add_piece(C, r, (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
-                                        .nbytes = C->L->regions[g].nbytes, .replica = !fresh});
+    /* A widened piece (a scale the engine holds in F32): 4 bytes an element. */
+    uint64_t nb = C->L->regions[g].nbytes;
+    tps_dtype sd = C->ck->t[src].dtype;
+    if (r->dtype != sd) nb = nb / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
+    return add_piece(C, r, (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at, .nbytes = nb,
+                                        .replica = !fresh});
 }
 
 static char *own_name(cstate *C, char *s)
@@ -686,6 +690,36 @@ static void block_tps(char *buf, size_t len, uint64_t n, uint64_t b, int exact, 
     if (!o) snprintf(buf, len, "none up to 64");
 }
 
+/* "1, 2" of the tp values up to 64 at which every part of fused group f
+ * (rows nrows[j], split on whole heads or evenly) gives each rank whole
+ * blocks of b rows: the engines concatenate the parts' scale blocks. */
+static void fused_block_tps(char *buf, size_t len, cstate *C, const tps_lfuse *f,
+                            const size_t *idx, const uint64_t *nrows, uint64_t b)
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int tp = 1; tp <= 64 && o < len; tp++) {
+        int ok = 1;
+        for (size_t j = 0; j < f->nparts && ok; j++) {
+            const tps_lpart *p = &f->parts[j];
+            uint64_t rows = nrows[j], h = 0, per;
+            int present;
+            if (p->heads) h = config_count(C->ck->config, p->heads, &present);
+            if (h && rows % h == 0) {
+                if (h % (uint64_t)tp == 0) per = rows / (uint64_t)tp;
+                else if (p->replicate && h < (uint64_t)tp && (uint64_t)tp % h == 0) per = rows / h;
+                else per = 1; /* not a split the layout makes */
+            } else {
+                per = rows % (uint64_t)tp ? 1 : rows / (uint64_t)tp;
+            }
+            ok = per % b == 0;
+            (void)idx;
+        }
+        if (ok) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", tp);
+    }
+    if (!o) snprintf(buf, len, "none up to 64");
+}
+
 /* The region of weight w's scale that follows the weight's rows or columns
  * [lo, lo + len) along d (d -1: the whole weight): block rows or columns,
  * channel rows, or the whole scale. 0 (and a refusal) for a cut inside a
@@ -724,6 +758,33 @@ static int scale_region(cstate *C, size_t w, int d, uint64_t lo, uint64_t len, i
     return 1;
 }
 
+/* The dtype a scale is written in: the layout's (F32), else as stored. 0
+ * and a refusal when it cannot be widened exactly. */
+static int scale_dtype(cstate *C, const tps_ctensor *st, tps_dtype *out)
+{
+    const tps_lspec *sp = C->L->spec;
+    *out = st->dtype;
+    if (!sp || !sp->scale_f32) return 1;
+    if (!tps_cast_ok(st->dtype)) {
+        refuse(C, "scale '%s' is %s: layout %s holds scales in F32, and %s does not widen to F32 "
+                  "exactly",
+               st->name, tps_dtype_name(st->dtype), sp->name, tps_dtype_name(st->dtype));
+        return 0;
+    }
+    *out = TPS_F32;
+    return 1;
+}
+
+/* A per-tensor scale's shape as the layout writes it: [] as [1] when it says so. */
+static int scalar_ndim(const cstate *C, const tps_ctensor *st, uint64_t *shape)
+{
+    if (st->ndim == 0 && C->L->spec && C->L->spec->scalar_as_1) {
+        shape[0] = 1;
+        return 1;
+    }
+    return st->ndim;
+}
+
 /* Weight w's scale (and input scale) on rank r, as their own rank tensors:
  * the scale's region following the weight's [lo, lo + len) along d. */
 static tps_err place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len)
@@ -736,14 +797,18 @@ static tps_err place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint
     uint64_t slo, shi;
     if (!scale_region(C, w, d, lo, len, &sd, &slo, &shi, 0, 0)) return TPS_OK;
     uint64_t shape[TPS_MAX_DIMS];
+    tps_dtype dt;
     memcpy(shape, st->shape, sizeof shape);
     if (sd >= 0) shape[sd] = shi - slo;
+    if (!scale_dtype(C, st, &dt)) return TPS_OK;
     tps_rtensor *rt;
-    TPS_TRY(new_rt(C, st->name, r, st->dtype, st->ndim, shape, "scale", &rt));
+    TPS_TRY(new_rt(C, st->name, r, dt, scalar_ndim(C, st, shape), shape, "scale", &rt));
     TPS_TRY(src_piece(C, rt, s, sd, slo, shi, 0));
     if (q->input[w] >= 0) {
         const tps_ctensor *it = &C->ck->t[q->input[w]];
-        TPS_TRY(new_rt(C, it->name, r, it->dtype, it->ndim, it->shape, "input scale", &rt));
+        memcpy(shape, it->shape, sizeof shape);
+        if (!scale_dtype(C, it, &dt)) return TPS_OK;
+        TPS_TRY(new_rt(C, it->name, r, dt, scalar_ndim(C, it, shape), shape, "input scale", &rt));
         TPS_TRY(src_piece(C, rt, (size_t)q->input[w], -1, 0, 0, 0));
     }
     return TPS_OK;
@@ -836,8 +901,8 @@ static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kin
  * part. */
 static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *parent,
                                   const size_t *idx, int r, const uint64_t *lo, const uint64_t *len,
-                                  const uint64_t *heads, const char *scale_name,
-                                  const char *input_name)
+                                  const uint64_t *heads, const uint64_t *nrows_of,
+                                  const char *scale_name, const char *input_name)
 {
     const tps_quant *q = C->L->q;
     const tps_ckpt *ck = C->ck;
@@ -846,21 +911,38 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
     (void)parent;
     uint64_t shape[TPS_MAX_DIMS] = {0};
     tps_rtensor *rt;
+    tps_dtype dt;
+    if (!scale_dtype(C, s0, &dt)) return TPS_OK;
+    uint64_t es = tps_dtype_bits(dt) / 8; /* bytes an element, as written */
     if (kind == TPS_QS_TENSOR) {
         shape[0] = f->nparts;
-        TPS_TRY(new_rt(C, scale_name, r, s0->dtype, 1, shape, "scale", &rt));
+        TPS_TRY(new_rt(C, scale_name, r, dt, 1, shape, "scale", &rt));
         for (size_t j = 0; j < f->nparts; j++) {
             const tps_ctensor *sj = &ck->t[q->partner[idx[j]]];
             if (sj->dtype != s0->dtype) {
                 refuse(C, "the scales fused into '%s' are of different dtypes", scale_name);
                 return TPS_OK;
             }
-            TPS_TRY(src_piece(C, rt, (size_t)q->partner[idx[j]], -1, 0, 0, j * sj->nbytes));
+            TPS_TRY(src_piece(C, rt, (size_t)q->partner[idx[j]], -1, 0, 0, j * es));
         }
     } else {
         uint64_t slo[16], shi[16], rows = 0;
         int sd = 0;
         for (size_t j = 0; j < f->nparts; j++) {
+            /* An engine concatenates the parts' scale blocks: each part's
+             * rows on a rank must be whole blocks, even at tp 1. */
+            if (kind == TPS_QS_BLOCK && len[j] % q->bn) {
+                const tps_ctensor *wt = &ck->t[idx[j]];
+                char works[300];
+                fused_block_tps(works, sizeof works, C, f, idx, nrows_of, q->bn);
+                refuse(C, "tensor '%s' is FP8 in blocks of %llu x %llu: layout %s fuses it into "
+                          "'%s', and a rank's %llu rows of it at tp %d are not whole blocks, so "
+                          "the engine would pair scale blocks with the wrong rows (tp values "
+                          "that work: %s)",
+                       wt->name, (unsigned long long)q->bn, (unsigned long long)q->bk,
+                       C->L->spec->name, scale_name, (unsigned long long)len[j], C->tp, works);
+                return TPS_OK;
+            }
             if (!scale_region(C, idx[j], 0, lo[j], len[j], &sd, &slo[j], &shi[j], heads[j],
                               f->parts[j].replicate))
                 return TPS_OK;
@@ -868,8 +950,8 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
         }
         memcpy(shape, s0->shape, sizeof shape);
         shape[0] = rows;
-        TPS_TRY(new_rt(C, scale_name, r, s0->dtype, s0->ndim, shape, "scale", &rt));
-        uint64_t at = 0, rowb = s0->nbytes / (s0->shape[0] ? s0->shape[0] : 1);
+        TPS_TRY(new_rt(C, scale_name, r, dt, s0->ndim, shape, "scale", &rt));
+        uint64_t at = 0, rowb = es * (s0->ndim == 2 ? s0->shape[1] : 1);
         for (size_t j = 0; j < f->nparts; j++) {
             const tps_ctensor *sj = &ck->t[q->partner[idx[j]]];
             if (sj->dtype != s0->dtype || sj->ndim != s0->ndim ||
@@ -883,18 +965,44 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
     }
     if (input_name) {
         const tps_ctensor *i0 = &ck->t[q->input[idx[0]]];
+        if (!scale_dtype(C, i0, &dt)) return TPS_OK;
         shape[0] = f->nparts;
-        TPS_TRY(new_rt(C, input_name, r, i0->dtype, 1, shape, "input scale", &rt));
+        TPS_TRY(new_rt(C, input_name, r, dt, 1, shape, "input scale", &rt));
         for (size_t j = 0; j < f->nparts; j++) {
             const tps_ctensor *ij = &ck->t[q->input[idx[j]]];
             if (ij->dtype != i0->dtype) {
                 refuse(C, "the input scales fused into '%s' are of different dtypes", input_name);
                 return TPS_OK;
             }
-            TPS_TRY(src_piece(C, rt, (size_t)q->input[idx[j]], -1, 0, 0, j * ij->nbytes));
+            TPS_TRY(src_piece(C, rt, (size_t)q->input[idx[j]], -1, 0, 0,
+                              j * (tps_dtype_bits(dt) / 8)));
         }
     }
     return TPS_OK;
+}
+
+/* Whether the engine makes extra entry x for this checkpoint: its
+ * quantization method ("none": unquantized) and config conditions. */
+static int extra_applies(const cstate *C, const tps_lextra *x)
+{
+    if (x->quant) {
+        const tps_quant *q = C->L->q;
+        if (!strcmp(x->quant, "none") ? q != NULL : !q || strcmp(q->method_name, x->quant))
+            return 0;
+    }
+    if (x->when && !tps_cond_eval(x->when, C->ck->config)) return 0;
+    if (x->unless && tps_cond_eval(x->unless, C->ck->config)) return 0;
+    return 1;
+}
+
+/* The dtype an engine serves the model in (dtype "auto"): config.json's
+ * torch_dtype (or dtype, or text_config's), float32 served as BF16, BF16 when
+ * none is given. Its scalar parameters are created in it. */
+static tps_dtype serving_dtype(const cJSON *config)
+{
+    const cJSON *v = tps_config_get(config, "torch_dtype");
+    if (!cJSON_IsString(v)) v = tps_config_get(config, "dtype");
+    return cJSON_IsString(v) && !strcmp(v->valuestring, "float16") ? TPS_F16 : TPS_BF16;
 }
 
 /* One fused group: parent.<part>.<param> for every part, written as
@@ -1046,19 +1154,22 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             TPS_TRY(src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + len[j], at));
             at += len[j] * rowb;
         }
-        if (quant) TPS_TRY(place_fused_scales(C, f, parent, idx, r, lo, len, heads, scale_name,
-                                              input_name));
+        if (quant) TPS_TRY(place_fused_scales(C, f, parent, idx, r, lo, len, heads, nrows,
+                                              scale_name, input_name));
         if (C->why[0]) return TPS_OK;
     }
     /* The engine's own entries beside the fused module (once, with the weight). */
     if (strcmp(param, "weight")) return TPS_OK;
     for (size_t e = 0; e < f->nextra; e++) {
         const tps_lextra *x = &f->extra[e];
+        if (!extra_applies(C, x)) continue;
         char *xn = own_name(C, tps_asprintf("%s.%s", parent, x->name));
         if (!xn) return nomem(C);
+        uint64_t xs[TPS_MAX_DIMS] = {x->len};
+        tps_dtype xd = x->model_dtype ? serving_dtype(ck->config) : x->dtype;
         for (int r = 0; r < C->tp; r++) {
             tps_rtensor *rt;
-            TPS_TRY(new_rt(C, xn, r, x->dtype, 0, t0->shape, NULL, &rt));
+            TPS_TRY(new_rt(C, xn, r, xd, x->ndim, xs, NULL, &rt));
             rt->rule = "extra";
             TPS_TRY(add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST, .at = 0,
                                                   .nbytes = rt->nbytes, .value = x->value}));
@@ -1325,8 +1436,9 @@ static tps_err finish(cstate *C)
     for (size_t k = 0; k < L->nrt; k++) {
         tps_rtensor *rt = &L->rt[k];
         const tps_lpiece *p = &L->pieces[rt->piece0];
-        rt->simple = rt->npieces == 1 && p->kind == TPS_PK_SRC && p->nbytes == rt->nbytes &&
-                     !strcmp(rt->name, ck->t[L->regions[p->region].src].name);
+        const tps_ctensor *st = p->kind == TPS_PK_SRC ? &ck->t[L->regions[p->region].src] : NULL;
+        rt->simple = rt->npieces == 1 && st && p->nbytes == rt->nbytes && !strcmp(rt->name, st->name) &&
+                     rt->dtype == st->dtype && rt->ndim == st->ndim;
     }
     /* Each source tensor's pieces, by rank then position. */
     L->src_piece0 = tps_xcalloc(ck->n + 1, sizeof *L->src_piece0);
@@ -1404,6 +1516,20 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
             goto out;
         }
         TPS_CHECK(add_check(&C, "architecture served", 1, "yes"));
+        if (L->q && s->refuse_scales) {
+            static const char *const kname[] = {"per-tensor", "per-channel", "block"};
+            for (size_t i = 0; i < ck->n; i++)
+                if (L->q->role[i] == TPS_QR_SCALE && (s->refuse_scales >> L->q->kind[i] & 1u)) {
+                    snprintf(detail, sizeof detail,
+                             "%s checkpoints with %s FP8 scales ('%s'): layout %s cannot write "
+                             "them: %s",
+                             L->q->method_name, kname[L->q->kind[i]], ck->t[i].name, s->name,
+                             s->refuse_scales_reason);
+                    TPS_CHECK(add_check(&C, "quantization served", 0, detail));
+                    refuse(&C, "%s", detail);
+                    goto out;
+                }
+        }
         for (size_t k = 0; k < s->nchecks; k++) {
             const tps_lcheck *c = &s->checks[k];
             if (c->when && !tps_cond_eval(c->when, ck->config)) continue;

@@ -1435,7 +1435,8 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
     static const char *const known[] = {"into", "parts", "extra"};
     static const char *const pknown[] = {"module", "heads", "replicate", "rows"};
-    static const char *const eknown[] = {"name", "dtype", "value"};
+    static const char *const eknown[] = {"name", "dtype", "value", "shape", "quant", "when",
+                                         "unless"};
     const ynode *v[3];
     TPS_TRY(map_fields(pc, m, "fuse entry", known, 3, v));
     f->line = m->line;
@@ -1468,9 +1469,9 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
         f->extra = tps_xcalloc(v[2]->n ? v[2]->n : 1, sizeof *f->extra);
         if (!f->extra) return nomem(pc->ctx);
         for (size_t i = 0; i < v[2]->n; i++) {
-            const ynode *ev[3];
+            const ynode *ev[7];
             tps_lextra *e = &f->extra[f->nextra++];
-            TPS_TRY(map_fields(pc, v[2]->kid[i], "extra tensor", eknown, 3, ev));
+            TPS_TRY(map_fields(pc, v[2]->kid[i], "extra tensor", eknown, 7, ev));
             if (!ev[0] || !ev[1] || !ev[2])
                 return perr(pc, v[2]->kid[i]->line, "an extra tensor needs name, dtype and value");
             TPS_TRY(get_str(pc, ev[0], "name", &e->name));
@@ -1478,11 +1479,34 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
             if (has_glob(e->name, strlen(e->name)))
                 return perr(pc, ev[0]->line, "extra tensor name '%.*s' is a pattern",
                             shown(e->name), e->name);
-            if (ev[1]->type != YN_SCALAR || tps_dtype_from_name(ev[1]->s, &e->dtype) ||
-                (e->dtype != TPS_F32 && e->dtype != TPS_F16 && e->dtype != TPS_BF16))
-                return perr(pc, ev[1]->line, "extra tensor dtype must be F32, F16 or BF16");
+            if (ev[1]->type == YN_SCALAR && !strcmp(ev[1]->s, "model"))
+                e->model_dtype = 1;
+            else if (ev[1]->type != YN_SCALAR || tps_dtype_from_name(ev[1]->s, &e->dtype) ||
+                     (e->dtype != TPS_F32 && e->dtype != TPS_F16 && e->dtype != TPS_BF16))
+                return perr(pc, ev[1]->line, "extra tensor dtype must be F32, F16, BF16 or model");
             if (y_number(ev[2], &e->value))
                 return perr(pc, ev[2]->line, "extra tensor value must be a number");
+            if (ev[3]) {
+                double d;
+                if (ev[3]->type != YN_SEQ || ev[3]->n > 1 ||
+                    (ev[3]->n == 1 && (y_number(ev[3]->kid[0], &d) || d < 1 || d > 1024 ||
+                                       d != floor(d))))
+                    return perr(pc, ev[3]->line,
+                                "extra tensor shape must be [] or [n], n from 1 to 1024");
+                e->ndim = (int)ev[3]->n;
+                e->len = e->ndim ? (uint64_t)d : 0;
+            }
+            if (ev[4]) TPS_TRY(get_str(pc, ev[4], "quant", &e->quant));
+            if (ev[5]) {
+                e->when = tps_xcalloc(1, sizeof *e->when);
+                if (!e->when) return nomem(pc->ctx);
+                TPS_TRY(parse_cond(pc, ev[5], "when", e->when));
+            }
+            if (ev[6]) {
+                e->unless = tps_xcalloc(1, sizeof *e->unless);
+                if (!e->unless) return nomem(pc->ctx);
+                TPS_TRY(parse_cond(pc, ev[6], "unless", e->unless));
+            }
         }
     }
     return TPS_OK;
@@ -1492,12 +1516,13 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
-                                        "vocab_padding_tp", "checks"};
+                                        "vocab_padding_tp", "checks", "scales"};
+    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
     static const char *const sknown[] = {"architectures", "model_types"};
     static const char *const tknown[] = {"head", "embedding", "default_for"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_N };
-    const ynode *v[K_N], *sv[2], *tv[3];
+           K_PADTP, K_CHECKS, K_SCALES, K_N };
+    const ynode *v[K_N], *sv[2], *tv[3], *qv[4];
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a layout must be a mapping with 'name' and 'target', not %s",
                     y_kind(root));
@@ -1539,6 +1564,36 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
         for (size_t i = 0; i < v[K_CHECKS]->n; i++) {
             s->nchecks++;
             TPS_TRY(parse_lcheck(pc, v[K_CHECKS]->kid[i], &s->checks[i]));
+        }
+    }
+    if (v[K_SCALES]) {
+        TPS_TRY(map_fields(pc, v[K_SCALES], "scales", qknown, 4, qv));
+        if (qv[0]) {
+            if (qv[0]->type != YN_SCALAR || strcmp(qv[0]->s, "F32"))
+                return perr(pc, qv[0]->line, "scales: dtype is F32 (or absent: as stored)");
+            s->scale_f32 = 1;
+        }
+        if (qv[1]) {
+            double d;
+            if (qv[1]->type != YN_SEQ || qv[1]->n != 1 || y_number(qv[1]->kid[0], &d) || d != 1)
+                return perr(pc, qv[1]->line, "scales: per_tensor_shape is [1] (or absent: as stored)");
+            s->scalar_as_1 = 1;
+        }
+        if (qv[2]) {
+            char **kinds = NULL;
+            size_t nk = 0;
+            TPS_TRY(get_str_list(pc, qv[2], "refuse", NULL, &kinds, &nk));
+            tps_err rc = TPS_OK;
+            for (size_t i = 0; i < nk; i++) {
+                if (!strcmp(kinds[i], "tensor")) s->refuse_scales |= 1u << TPS_QS_TENSOR;
+                else if (!strcmp(kinds[i], "channel")) s->refuse_scales |= 1u << TPS_QS_CHANNEL;
+                else if (!strcmp(kinds[i], "block")) s->refuse_scales |= 1u << TPS_QS_BLOCK;
+                else if (!rc) rc = perr(pc, qv[2]->line, "scales: refuse lists tensor, channel or block");
+            }
+            strv_free(kinds, nk);
+            TPS_TRY(rc);
+            if (!qv[3]) return perr(pc, qv[2]->line, "scales: refuse needs a 'reason'");
+            TPS_TRY(get_str(pc, qv[3], "reason", &s->refuse_scales_reason));
         }
     }
     if (v[K_TIED]) {
@@ -1596,6 +1651,7 @@ void tps_lspec_free(tps_lspec *s)
     strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    free(s->refuse_scales_reason);
     strv_free(s->tied_default, s->ntied_default);
     for (size_t i = 0; i < s->nchecks; i++) {
         tps_lcheck *c = &s->checks[i];
@@ -1630,7 +1686,14 @@ void tps_lspec_free(tps_lspec *s)
             free(f->parts[j].rows);
         }
         free(f->parts);
-        for (size_t j = 0; j < f->nextra; j++) free(f->extra[j].name);
+        for (size_t j = 0; j < f->nextra; j++) {
+            free(f->extra[j].name);
+            free(f->extra[j].quant);
+            if (f->extra[j].when) cond_clear(f->extra[j].when);
+            if (f->extra[j].unless) cond_clear(f->extra[j].unless);
+            free(f->extra[j].when);
+            free(f->extra[j].unless);
+        }
         free(f->extra);
     }
     free(s->fuse);

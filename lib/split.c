@@ -192,9 +192,22 @@ static tps_err plan_tasks(engine *E)
 static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
     const tps_lpiece *p = &E->L->pieces[pi];
+    const tps_rtensor *rt = &E->L->rt[E->piece_rt[pi]];
     const oslot *s = &E->slots[E->piece_rt[pi]];
     ofile *f = &E->files[s->file];
-    return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
+    tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
+    if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
+    /* Widened to F32 (a scale): whole elements, as tasks cut them. */
+    size_t es = tps_dtype_bits(sd) / 8;
+    unsigned char wide[4096];
+    const unsigned char *in = buf;
+    for (size_t a = 0; a < len; a += sizeof wide / 4 * es) {
+        size_t n = (len - a) / es < sizeof wide / 4 ? (len - a) / es : sizeof wide / 4;
+        tps_widen_f32(sd, in + a, wide, n);
+        TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, wide, n * 4,
+                                s->off + p->at + (off + a) / es * 4));
+    }
+    return TPS_OK;
 }
 
 /* Runs a task from the source bytes at src (a mapping of exactly the bytes
@@ -795,6 +808,7 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
                 mw_str(f, rt->name);
             }
             if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
+            if (rt->dtype != t->dtype) fprintf(f, ", \"dtype\": \"%s\"", tps_dtype_name(rt->dtype));
             fputs(", \"shape\": ", f);
             mw_shape(f, ls, t->ndim);
             fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)g->lo,

@@ -339,6 +339,39 @@ def check_verify(out, preset, layout, tp, scale, swap):
         if how == "flip":
             rc, so_, se = tps("check", copy)
             report(rc == 1, f"{name}: check exits 1 after the flip", f"rc {rc}\n{se}{so_}")
+    widened_check(out, m, name, r, scale, where)
+
+
+def widened_check(out, m, name, r, scale, where):
+    """A scale the layout widened to F32: flipping the lowest bit of an
+    element leaves bytes no widening makes; narrowed back they could look
+    like another plausible value, so check and merge must refuse them."""
+    src_dt = {n: t[0] for n, t in qo.load(m)[1].items()}
+    module = scale.rsplit(".", 1)[0]
+    pre, fused = module.rsplit(".", 1)
+    parts = [f"{pre}.{x}.{scale.rsplit('.', 1)[1]}" for x in qo.FUSED.get(fused, ())] or [scale]
+    if all(src_dt.get(p) in (None, "F32") for p in parts):
+        return
+    copy = f"{out}-low"
+    shutil.rmtree(copy, ignore_errors=True)
+    shutil.copytree(out, copy)
+    path = os.path.join(copy, os.path.basename(where[(r, scale)]))
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    n = int.from_bytes(raw[:8], "little")
+    info = json.loads(raw[8:8 + n])[scale]
+    if info["dtype"] != "F32":
+        report(False, f"{name}: {scale} is written as F32", f"it is {info['dtype']}")
+        return
+    raw[8 + n + info["data_offsets"][0]] ^= 0x01
+    with open(path, "wb") as f:
+        f.write(raw)
+    for cmd in ("check", "merge"):
+        args = (cmd, copy) if cmd == "check" else (cmd, copy, "-o", copy + "-merged")
+        rc, so_, se = tps(*args)
+        report(rc == 1 and "widened" in se and not os.path.exists(copy + "-merged"),
+               f"{name}: {cmd} refuses a widened scale whose low bit flipped",
+               f"rc {rc}\n{se}{so_}")
 
 
 # ------------------------------------------------------------------ refusals
