@@ -7,8 +7,8 @@
 #include "cli.h"
 
 const char usage_plan[] =
-    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--untie] "
-    "[--list] [--json]\n"
+    "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--ep] "
+    "[--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -20,6 +20,7 @@ const char usage_plan[] =
     "  --plan FILE     a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
     "  --layout L      dtensor (default), vllm, sglang, or a layout file\n"
+    "  --ep            MoE checkpoints: experts whole on one rank each, as split --ep\n"
     "  --untie         plan the split of a tied checkpoint as split --untie writes it\n"
     "  --list          list the built-in plans and layouts and exit\n"
     "  --json          one JSON document on stdout\n"
@@ -565,13 +566,13 @@ int cmd_plan(int argc, char **argv)
         {"tp", required_argument, 0, 't'},   {"plan", required_argument, 0, 'p'},
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
         {"layout", required_argument, 0, 'L'},
-        {"untie", no_argument, 0, 'u'},
+        {"untie", no_argument, 0, 'u'},      {"ep", no_argument, 0, 'E'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
         {0, 0, 0, 0}};
     long tp = 0;
     const char *plan_file = NULL, *family = NULL, *layout = NULL;
-    int list = 0, untie = 0, c;
+    int list = 0, untie = 0, ep = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -583,6 +584,7 @@ int cmd_plan(int argc, char **argv)
         case 'l': list = 1; break;
         case 'L': layout = optarg; break;
         case 'u': untie = 1; break;
+        case 'E': ep = 1; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -602,7 +604,7 @@ int cmd_plan(int argc, char **argv)
     if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) {
-        tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
+        tps_err e = tps_layout_new_ep(ctx, ck, plan, spec, (int)tp, ep, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
             cli_report_rejection(plan, L);

@@ -8,7 +8,7 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] "
+    "[--ep] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
@@ -22,6 +22,9 @@ const char usage_split[] =
     "  --plan FILE          a YAML plan (see tpshard-plan(5))\n"
     "  --family NAME        a built-in plan by name; default: detected from config.json\n"
     "  --layout L           dtensor (default), vllm, sglang, or a layout file\n"
+    "  --ep                 MoE checkpoints, serving layouts: expert parallelism, each\n"
+    "                       expert whole on one rank (vLLM --enable-expert-parallel,\n"
+    "                       SGLang --ep-size N); attention stays tensor parallel\n"
     "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
     "  --untie              tied checkpoint: write lm_head from the embedding and set\n"
     "                       tie_word_embeddings false in the copied config.json\n"
@@ -43,13 +46,13 @@ int cmd_split(int argc, char **argv)
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
         {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
-        {"untie", no_argument, 0, 'u'},
+        {"untie", no_argument, 0, 'u'},         {"ep", no_argument, 0, 'E'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
     long tp = 0, threads = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
     uint64_t max_part = 0;
-    int force = 0, dry = 0, no_mmap = 0, untie = 0, c;
+    int force = 0, dry = 0, no_mmap = 0, untie = 0, ep = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -71,6 +74,7 @@ int cmd_split(int argc, char **argv)
         case 'M': no_mmap = 1; break;
         case 'n': dry = 1; break;
         case 'u': untie = 1; break;
+        case 'E': ep = 1; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -101,7 +105,7 @@ int cmd_split(int argc, char **argv)
     if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
-    tps_err e = tps_layout_new_with(ctx, ck, plan, spec, (int)tp, &L);
+    tps_err e = tps_layout_new_ep(ctx, ck, plan, spec, (int)tp, ep, &L);
     if (e) {
         status = cli_lib_error(ctx, e);
         goto done;

@@ -39,6 +39,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->rts);
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);
+    for (size_t i = 0; i < ck->nstr_chunks; i++) free(ck->str_chunks[i]);
+    free(ck->str_chunks);
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
     free(ck->origins);
     free(ck->files);
@@ -347,12 +349,176 @@ static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     return TPS_OK;
 }
 
+/* ------------------------------------------------------------------ streamed manifest arrays */
+
+/* The manifest's two long arrays (tensors, one entry a tensor with one a
+ * rank; rank_tensors) are read one element at a time: as a cJSON tree the
+ * manifest of a 128-expert, 48-layer MoE at tp 8 (18,867 tensors, 25 MB)
+ * took 250 MB. The rest of the manifest is parsed whole, with each of those
+ * arrays' text replaced by []. Strings the tensors keep are copied into
+ * ck's own string chunks, since each element's tree is freed. */
+
+static const char *js_ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+/* Past one JSON value (NULL when malformed; the full parse then says why). */
+static const char *js_skip(const char *p, const char *e)
+{
+    int depth = 0;
+    do {
+        p = js_ws(p, e);
+        if (p >= e) return NULL;
+        if (*p == '"') {
+            for (p++; p < e && *p != '"'; p++)
+                if (*p == '\\') p++;
+            if (p >= e) return NULL;
+            p++;
+        } else if (*p == '[' || *p == '{') {
+            depth++;
+            p++;
+        } else if (*p == ']' || *p == '}') {
+            if (--depth < 0) return NULL;
+            p++;
+        } else if (*p == ',' || *p == ':') {
+            if (!depth) return NULL;
+            p++;
+        } else {
+            while (p < e && !strchr(" \t\r\n,:]}[{\"", *p)) p++;
+        }
+    } while (depth > 0);
+    return p;
+}
+
+typedef struct {
+    const char *b, *e; /* the array's text, [ to ] inclusive; b NULL: absent */
+} js_span;
+
+/* Spans of the top-level members named keys[k]; -1 when the text is not an
+ * object of members (the full parse reports it). */
+static int js_members(const char *t, size_t len, const char *const *keys, size_t nk, js_span *out)
+{
+    const char *p = js_ws(t, t + len), *e = t + len;
+    for (size_t k = 0; k < nk; k++) out[k].b = out[k].e = NULL;
+    if (p >= e || *p != '{') return -1;
+    p = js_ws(p + 1, e);
+    if (p < e && *p == '}') return 0;
+    for (;;) {
+        if (p >= e || *p != '"') return -1;
+        const char *k0 = p + 1, *k1 = js_skip(p, e);
+        if (!k1) return -1;
+        size_t kl = (size_t)(k1 - 1 - k0);
+        p = js_ws(k1, e);
+        if (p >= e || *p != ':') return -1;
+        const char *v = js_ws(p + 1, e), *ve = js_skip(v, e);
+        if (!ve) return -1;
+        for (size_t k = 0; k < nk; k++)
+            if (strlen(keys[k]) == kl && !memcmp(keys[k], k0, kl) && v < e && *v == '[') {
+                out[k].b = v;
+                out[k].e = ve;
+            }
+        p = js_ws(ve, e);
+        if (p < e && *p == ',') {
+            p = js_ws(p + 1, e);
+            continue;
+        }
+        return p < e && *p == '}' ? 0 : -1;
+    }
+}
+
+/* The next element of an array span: *out NULL at its end. */
+static tps_err js_next(tps_ctx *ctx, const char *mpath, const char *what, const char **pp,
+                       const char *e, size_t i, cJSON **out)
+{
+    const char *p = js_ws(*pp, e);
+    *out = NULL;
+    if (p < e && *p == '[') p = js_ws(p + 1, e);
+    else if (p < e && *p == ',') p = js_ws(p + 1, e);
+    if (p < e && *p == ']') {
+        *pp = p;
+        return TPS_OK;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(p, (size_t)(e - p), &end, 0);
+    if (!j)
+        return tps_fail(ctx, TPS_E_JSON, "%s: %s[%zu] is not valid JSON", mpath, what, i);
+    *pp = end;
+    *out = j;
+    return TPS_OK;
+}
+
+/* A copy of s that lives as long as ck. */
+static const char *ck_keep(tps_ckpt *ck, const char *s)
+{
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    if (n > ck->str_left) {
+        size_t cap = n > 65536 ? n : 65536;
+        char **nc = realloc(ck->str_chunks, (ck->nstr_chunks + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        ck->str_chunks = nc;
+        if (!(nc[ck->nstr_chunks] = malloc(cap))) return NULL;
+        ck->str_next = nc[ck->nstr_chunks++];
+        ck->str_left = cap;
+    }
+    char *d = ck->str_next;
+    memcpy(d, s, n);
+    ck->str_next += n;
+    ck->str_left -= n;
+    return d;
+}
+
 static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
 {
     size_t *rank_files = NULL, *rank_start = NULL;
     unsigned char **seen = NULL;
     tps_err rc = TPS_OK;
-    TPS_CHECK(load_json_file(ctx, mpath, &ck->manifest));
+    char *text = NULL, *rest = NULL;
+    size_t tlen = 0;
+    static const char *const big[] = {"tensors", "rank_tensors"};
+    js_span sp[2];
+    cJSON *el = NULL;
+    TPS_CHECK(tps_read_file(ctx, mpath, MAX_JSON_FILE, &text, &tlen));
+    if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
+        /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
+        rest = malloc(tlen + 8);
+        TPS_FAIL_IF(!rest, ctx, TPS_E_NOMEM, "out of memory");
+        const js_span *a = &sp[0], *b = sp[1].b ? &sp[1] : NULL;
+        if (b && b->b < a->b) {
+            const js_span *x = a;
+            a = b;
+            b = x;
+        }
+        size_t o = 0;
+        memcpy(rest + o, text, (size_t)(a->b - text));
+        o += (size_t)(a->b - text);
+        memcpy(rest + o, "[]", 2);
+        o += 2;
+        const char *from = a->e, *to = b ? b->b : text + tlen;
+        memcpy(rest + o, from, (size_t)(to - from));
+        o += (size_t)(to - from);
+        if (b) {
+            memcpy(rest + o, "[]", 2);
+            o += 2;
+            memcpy(rest + o, b->e, (size_t)(text + tlen - b->e));
+            o += (size_t)(text + tlen - b->e);
+        }
+        rest[o] = 0;
+        TPS_CHECK(tps_json_parse(ctx, mpath, rest, o, &ck->manifest));
+        free(rest);
+        rest = NULL;
+        /* the arrays' own syntax: each element is parsed with cJSON below */
+        const char *why = NULL;
+        for (int k = 0; k < 2 && !why; k++)
+            if (sp[k].b) why = tps_json_prescan_span(sp[k].b, (size_t)(sp[k].e - sp[k].b));
+        TPS_FAIL_IF(why, ctx, TPS_E_JSON, "%s: not valid JSON: %s", mpath, why);
+    } else {
+        /* not the shape a manifest has: the full parse says what is wrong */
+        TPS_CHECK(tps_json_parse(ctx, mpath, text, tlen, &ck->manifest));
+        sp[0].b = sp[1].b = NULL;
+    }
     const cJSON *m = ck->manifest;
     TPS_FAIL_IF(!cJSON_IsObject(m), ctx, TPS_E_JSON, "%s: not a JSON object", mpath);
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
@@ -376,6 +542,7 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         ck->layout_name = ln->valuestring;
         ck->layout_target = lt->valuestring;
         ck->layout_text = cJSON_IsString(lx) ? lx->valuestring : NULL;
+        ck->layout_ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lay, "ep"));
     }
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
     TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
@@ -476,11 +643,32 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     /* Tensors. */
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
     TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
-    size_t nt = (size_t)cJSON_GetArraySize(ts), nent = 0;
-    for (const cJSON *e = ts->child; e; e = e->next) {
+    size_t nt = 0, nent = 0;
+    /* Elements come from the tree (a small manifest parsed whole) or, one at
+     * a time, from the text: a first pass counts them. */
+    const char *tp0 = sp[0].b, *tpe = sp[0].e, *tpp = tp0;
+    const cJSON *tnext = ts->child;
+#define NEXT_TENSOR(E)                                                                              \
+    do {                                                                                           \
+        if (tp0) {                                                                                 \
+            cJSON_Delete(el);                                                                      \
+            el = NULL;                                                                             \
+            TPS_CHECK(js_next(ctx, mpath, "tensors", &tpp, tpe, ck->n, &el));                      \
+            (E) = el;                                                                              \
+        } else {                                                                                   \
+            (E) = tnext;                                                                           \
+            tnext = tnext ? tnext->next : NULL;                                                    \
+        }                                                                                          \
+    } while (0)
+    for (const cJSON *e;;) {
+        NEXT_TENSOR(e);
+        if (!e) break;
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
         nent += cJSON_IsArray(rs) ? (size_t)cJSON_GetArraySize(rs) : 0;
+        nt++;
     }
+    tpp = tp0;
+    tnext = ts->child;
     TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
                 "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
                 TPS_MAX_MANIFEST_ENTRIES);
@@ -488,7 +676,9 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     tps_piece *pool = new_pool(ctx, ck, nent ? nent : 1);
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
     size_t used = 0;
-    for (const cJSON *e = ts->child; e; e = e->next) {
+    for (const cJSON *e;;) {
+        NEXT_TENSOR(e);
+        if (!e) break;
         tps_ctensor *t = &ck->t[ck->n++];
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
         const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
@@ -497,11 +687,16 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "source_file");
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
         TPS_FAIL_IF(!cJSON_IsString(nm), ctx, TPS_E_JSON, "%s: a tensor entry has no name", mpath);
-        t->name = nm->valuestring; /* the manifest tree lives as long as ck */
+        t->name = ck_keep(ck, nm->valuestring);
+        TPS_FAIL_IF(!t->name, ctx, TPS_E_NOMEM, "out of memory");
         const cJSON *df = cJSON_GetObjectItemCaseSensitive(e, "derived_from");
         TPS_FAIL_IF(df && !cJSON_IsString(df), ctx, TPS_E_JSON,
                     "%s: tensor '%s': derived_from is not a tensor name", mpath, t->name);
-        t->derived_from = df ? df->valuestring : NULL;
+        t->derived_from = df ? ck_keep(ck, df->valuestring) : NULL;
+        const cJSON *sty = cJSON_GetObjectItemCaseSensitive(e, "style");
+        t->style = cJSON_IsString(sty) ? ck_keep(ck, sty->valuestring) : NULL;
+        TPS_FAIL_IF((df && !t->derived_from) || (cJSON_IsString(sty) && !t->style), ctx,
+                    TPS_E_NOMEM, "out of memory");
         TPS_FAIL_IF(!cJSON_IsString(dt) || tps_dtype_from_name(dt->valuestring, &t->dtype), ctx,
                     TPS_E_JSON, "%s: tensor '%s': bad dtype", mpath, t->name);
         TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), t->shape, &t->ndim),
@@ -550,7 +745,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                                      tps_dtype_from_name(sdt->valuestring, &stored))),
                         ctx, TPS_E_JSON, "%s: tensor '%s': malformed ranks[] entry", mpath, t->name);
             int rank = rr->valueint;
-            const char *holder = hold ? hold->valuestring : t->name;
+            const char *holder = hold ? ck_keep(ck, hold->valuestring) : t->name;
+            TPS_FAIL_IF(!holder, ctx, TPS_E_NOMEM, "out of memory");
             TPS_FAIL_IF(stored != t->dtype && (stored != TPS_F32 || !tps_cast_ok(t->dtype)), ctx,
                         TPS_E_MISMATCH,
                         "%s: tensor '%s': rank %d's piece is stored as %s, but a %s tensor can "
@@ -652,11 +848,24 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     /* A serving layout's other rank tensors: fused, padded, constant. */
     const cJSON *rts = cJSON_GetObjectItemCaseSensitive(m, "rank_tensors");
     if (v2 && cJSON_IsArray(rts)) {
-        size_t nrt = (size_t)cJSON_GetArraySize(rts);
+        size_t nrt = 0;
+        tp0 = sp[1].b;
+        tpe = sp[1].e;
+        tpp = tp0;
+        tnext = rts->child;
+        for (const cJSON *e;;) {
+            NEXT_TENSOR(e);
+            if (!e) break;
+            nrt++;
+        }
+        tpp = tp0;
+        tnext = rts->child;
         TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
         ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
         TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
-        for (const cJSON *e = rts->child; e; e = e->next) {
+        for (const cJSON *e;;) {
+            NEXT_TENSOR(e);
+            if (!e) break;
             tps_crtensor *rt = &ck->rts[ck->nrts++];
             const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
             const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
@@ -672,7 +881,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                             !json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, &nd) ||
                             !cJSON_IsArray(ps),
                         ctx, TPS_E_JSON, "%s: malformed rank_tensors entry", mpath);
-            rt->name = nm->valuestring;
+            rt->name = ck_keep(ck, nm->valuestring);
+            TPS_FAIL_IF(!rt->name, ctx, TPS_E_NOMEM, "out of memory");
             rt->rank = rk->valueint;
             rt->nbytes = tps_nbytes(rt->dtype, shape, nd, &ovf, &mis);
             TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: rank tensor '%s': bad size", mpath, rt->name);
@@ -689,7 +899,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                             ctx, TPS_E_JSON, "%s: rank tensor '%s': malformed piece", mpath, rt->name);
                 if (cJSON_IsString(sj)) {
                     fl->kind = TPS_FILL_SOURCE;
-                    fl->source = sj->valuestring;
+                    fl->source = ck_keep(ck, sj->valuestring);
+                    TPS_FAIL_IF(!fl->source, ctx, TPS_E_NOMEM, "out of memory");
                 } else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "zeros"))) {
                     fl->kind = TPS_FILL_ZEROS;
                 } else {
@@ -731,7 +942,11 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             TPS_FAIL_IF(!seen[fi][k], ctx, TPS_E_MISMATCH, "%s: tensor '%s' is not in the manifest",
                         ck->files[fi].path, st->t[k].name);
     }
+#undef NEXT_TENSOR
 out:
+    cJSON_Delete(el);
+    free(text);
+    free(rest);
     for (size_t fi = 0; seen && fi < ck->nfiles; fi++) free(seen[fi]);
     free(seen);
     free(rank_files);

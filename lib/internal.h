@@ -78,6 +78,9 @@ void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t
 /* First duplicate key anywhere in an object's direct children, or NULL. */
 const char *tps_json_dup_key(const cJSON *obj);
 int tps_utf8_valid(const char *s, size_t len);
+/* The checks tps_json_parse makes before cJSON sees a text (nesting, NULs,
+ * raw control characters), on a member's text: NULL, or why not. */
+const char *tps_json_prescan_span(const char *text, size_t len);
 /* Config field: top level first, then under text_config. NULL = absent. JSON
  * null counts as absent. */
 const cJSON *tps_config_get(const cJSON *config, const char *field);
@@ -263,6 +266,7 @@ typedef struct {
     /* An untied head (--untie): the embedding whose bytes it holds, or NULL.
      * Not part of the original files: merge leaves it out. */
     const char *derived_from;
+    const char *style;  /* sharded dirs: the plan style the manifest records, or NULL */
 } tps_ctensor;
 
 typedef struct {
@@ -299,10 +303,14 @@ struct tps_ckpt {
     const char *layout_name;   /* sharded dirs: "dtensor", "vllm"... (borrowed from the manifest) */
     const char *layout_target; /* NULL for dtensor */
     const char *layout_text;   /* the layout file the split used, or NULL */
+    int layout_ep;             /* split --ep: experts whole on one rank each */
     tps_crtensor *rts;  /* sharded dirs: rank_tensors of the manifest */
     size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
+    char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
+    size_t nstr_chunks, str_left;
+    char *str_next;
     char *config_text;  /* config.json as read, or NULL */
     char *config_out;   /* untie: the config.json a split writes instead of copying it */
     /* untie (made here, or read from a sharded dir's manifest): the head tensor written from
@@ -340,7 +348,7 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
 
 /* ------------------------------------------------------------------ plan (plan.c) */
 
-typedef enum { TPS_COND_TRUTHY = 0, TPS_COND_FALSY, TPS_COND_EQUALS } tps_cond_op;
+typedef enum { TPS_COND_TRUTHY = 0, TPS_COND_FALSY, TPS_COND_EQUALS, TPS_COND_NOT_EQUALS } tps_cond_op;
 
 typedef struct {
     char *field;
@@ -476,6 +484,33 @@ typedef struct {
     int line;
 } tps_lrule;
 
+/* Experts stacked the way an engine's fused MoE layer holds them: for each
+ * module matching `patterns` (e.g. model.layers.*.mlp.experts) holding
+ * experts <module>.<e>.<leaf>.weight, e < config[count], every stack is one
+ * rank tensor <module>[.<into>].<name> of all the rank's experts: split rows,
+ * [E, nparts * I / tp, H] (each expert's parts' rank rows in turn), or split
+ * columns, [E, H, I / tp]. With expert parallelism (split --ep) rank r holds
+ * experts [r E / tp, (r + 1) E / tp) whole instead. */
+typedef struct {
+    char *name;     /* e.g. "w13_weight" */
+    char **parts;   /* expert leaf modules, e.g. gate_proj, up_proj */
+    size_t nparts;
+    int dim;        /* 0: rows, 1: columns */
+} tps_lstack;
+
+typedef struct {
+    char **patterns;
+    size_t npat;
+    char *count;     /* config field: experts per layer */
+    char *rows;      /* config field: an expert's intermediate size (named in refusals) */
+    char *into;      /* path segment the stacks go under, or NULL */
+    char *router;    /* the router, a sibling module of the experts module, or NULL */
+    char *router_as; /* the name the engine gives it (relative to the same parent) */
+    tps_lstack *stacks;
+    size_t nstacks;
+    int line;
+} tps_lexperts;
+
 /* A layout check: reject_if (a condition), or quotient (field == a / b when
  * the field is set). */
 typedef struct {
@@ -511,6 +546,8 @@ typedef struct tps_lspec {
     size_t nrules;
     tps_lfuse *fuse;
     size_t nfuse;
+    tps_lexperts *experts;
+    size_t nexperts;
     /* quantized checkpoints: scales as the engine holds them */
     int scale_f32;          /* every scale and input scale widened to F32 */
     int scalar_as_1;        /* 0-dim per-tensor scales written [1] */
@@ -587,7 +624,7 @@ typedef struct {
     int rank;
     tps_dtype dtype;
     int ndim;
-    uint64_t shape[TPS_MAX_DIMS];
+    const uint64_t *shape; /* ndim of them, in L->shape_chunks */
     uint64_t nbytes;
     size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
@@ -600,6 +637,7 @@ struct tps_layout {
     const tps_lspec *spec; /* NULL: the DTensor layout of the plan */
     tps_quant *q;          /* quantized checkpoints: scales follow their weights */
     int tp;
+    int ep;                /* experts whole on one rank each (split --ep) */
     tps_place *p;     /* same order as ck->t */
     size_t n;
     tps_check_outcome *checks;
@@ -617,6 +655,8 @@ struct tps_layout {
     size_t *src_piece0;
     char **names;     /* made-up rank tensor names (owned) */
     size_t nnames;
+    uint64_t **shape_chunks; /* the rank tensors' shapes (chunks never move) */
+    size_t nshape_chunks, shape_left;
     int dropped_any;  /* a source tensor with no piece (never: every byte must land) */
     tps_layer_view *layers; /* strings borrowed from the config and static text */
     size_t nlayers;
@@ -625,7 +665,7 @@ struct tps_layout {
 /* The layout of a directory split earlier: styles as its manifest recorded
  * them (no plan), the layout file it used, and the directory's config. */
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
-                               const tps_lspec *spec, int tp, const tps_style *styles,
+                               const tps_lspec *spec, int tp, int ep, const tps_style *styles,
                                tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */

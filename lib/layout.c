@@ -166,6 +166,8 @@ void tps_layout_free(tps_layout *L)
     free(L->src_piece0);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
+    for (size_t i = 0; i < L->nshape_chunks; i++) free(L->shape_chunks[i]);
+    free(L->shape_chunks);
     tps_quant_free(L->q);
     free(L);
 }
@@ -253,6 +255,14 @@ static tps_err layer_table(tps_ctx *ctx, tps_layout *L, const tps_layers *ly)
 tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                             const tps_layout_spec *spec, int tp, tps_layout **out)
 {
+    return tps_layout_new_ep(ctx, ck, plan, spec, tp, 0, out);
+}
+
+int tps_layout_ep(const tps_layout *L) { return L->ep; }
+
+tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                          const tps_layout_spec *spec, int tp, int ep, tps_layout **out)
+{
     *out = NULL;
     if (tp < 1 || tp > 4096) return tps_fail(ctx, TPS_E_ARG, "tp must be between 1 and 4096, not %d", tp);
     tps_err rc = TPS_OK;
@@ -264,6 +274,7 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
     L->plan = plan;
     L->spec = spec;
     L->tp = tp;
+    L->ep = ep;
     L->n = ck->n;
     L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
     TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
@@ -324,7 +335,7 @@ out:
 }
 
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
-                               const tps_lspec *spec, int tp, const tps_style *styles,
+                               const tps_lspec *spec, int tp, int ep, const tps_style *styles,
                                tps_layout **out)
 {
     *out = NULL;
@@ -335,6 +346,7 @@ tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
     L->plan = plan;
     L->spec = spec;
     L->tp = tp;
+    L->ep = ep;
     L->n = ck->n;
     L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
     TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
@@ -417,6 +429,8 @@ static tps_err nomem(cstate *C)
     return tps_fail(C->ctx, TPS_E_NOMEM, "out of memory");
 }
 
+#define SHAPE_CHUNK 16384 /* uint64s */
+
 static tps_err new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int ndim,
                       const uint64_t *shape, const char *rule, tps_rtensor **out)
 {
@@ -428,13 +442,27 @@ static tps_err new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
         L->rt = n;
         C->cap_rt = cap;
     }
+    /* Shapes live in chunks that never move: a rank tensor is 70 bytes, not
+     * the 200 a TPS_MAX_DIMS array would make it (151k of them for an MoE at tp 8). */
+    if (L->shape_left < (size_t)ndim) {
+        uint64_t **nc = realloc(L->shape_chunks, (L->nshape_chunks + 1) * sizeof *nc);
+        if (!nc) return nomem(C);
+        L->shape_chunks = nc;
+        nc[L->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t));
+        if (!nc[L->nshape_chunks]) return nomem(C);
+        L->nshape_chunks++;
+        L->shape_left = SHAPE_CHUNK;
+    }
+    uint64_t *sh = L->shape_chunks[L->nshape_chunks - 1] + (SHAPE_CHUNK - L->shape_left);
+    L->shape_left -= (size_t)ndim;
+    memcpy(sh, shape, sizeof(uint64_t) * (size_t)ndim);
     tps_rtensor *r = &L->rt[L->nrt++];
     memset(r, 0, sizeof *r);
     r->name = name;
     r->rank = rank;
     r->dtype = dt;
     r->ndim = ndim;
-    memcpy(r->shape, shape, sizeof(uint64_t) * (size_t)ndim);
+    r->shape = sh;
     int ovf = 0, mis = 0;
     r->nbytes = tps_nbytes(dt, r->shape, ndim, &ovf, &mis);
     if (ovf || mis)
@@ -1248,6 +1276,265 @@ static tps_err packed_parts(cstate *C, const tps_lfuse *f, const char *parent, c
     return TPS_OK;
 }
 
+/* ------------------------------------------------------------------ experts */
+
+/* Tensor i as <module>.<e>.<leaf>.<param> with module matching x: 1 and the
+ * module's length, e, and the leaf's span. */
+static int expert_name(const tps_lexperts *x, const char *nm, size_t *mlen, uint64_t *e,
+                       const char **leaf, size_t *leaflen)
+{
+    size_t ml;
+    if (!module_of(nm, &ml)) return 0;
+    const char *dl = memrchr(nm, '.', ml); /* before <leaf> */
+    if (!dl) return 0;
+    const char *de = memrchr(nm, '.', (size_t)(dl - nm)); /* before <e> */
+    if (!de || de + 1 == dl || dl - de > 8) return 0;
+    uint64_t v = 0;
+    for (const char *c = de + 1; c < dl; c++) {
+        if (*c < '0' || *c > '9') return 0;
+        v = v * 10 + (uint64_t)(*c - '0');
+    }
+    size_t pl = (size_t)(de - nm);
+    int hit = 0;
+    for (size_t k = 0; k < x->npat && !hit; k++) hit = tps_module_match(x->patterns[k], nm, pl);
+    if (!hit) return 0;
+    *mlen = pl;
+    *e = v;
+    *leaf = dl + 1;
+    *leaflen = ml - (size_t)(dl + 1 - nm);
+    return 1;
+}
+
+/* One experts module (tensors [a, b) of the checkpoint, all named
+ * <module>.*): its stacks on every rank, and its router. */
+static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *module, size_t a,
+                             size_t b)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const char *lname = L->spec->name;
+    int present;
+    uint64_t E = config_count(ck->config, x->count, &present), tp = (uint64_t)C->tp;
+    if (!E) {
+        refuse(C, "layout %s stacks the experts of '%s', but config.json %s %s", lname, module,
+               present ? "has no usable count in" : "lacks", x->count);
+        return TPS_OK;
+    }
+    if (E > 65536) {
+        refuse(C, "%s = %llu experts: more than tpshard handles (65536)", x->count,
+               (unsigned long long)E);
+        return TPS_OK;
+    }
+    /* Every tensor under the module must be a stacked expert weight. */
+    for (size_t i = a; i < b; i++) {
+        const char *nm = ck->t[i].name, *leaf;
+        size_t ml, ll;
+        uint64_t e;
+        if (!expert_name(x, nm, &ml, &e, &leaf, &ll) || ml != strlen(module)) {
+            refuse(C, "tensor '%s' lies under '%s', which layout %s stacks as experts "
+                      "<e>.<module>.weight: it is not one",
+                   nm, module, lname);
+            return TPS_OK;
+        }
+        if (e >= E) {
+            refuse(C, "tensor '%s' is expert %llu, but config.json says %s = %llu", nm,
+                   (unsigned long long)e, x->count, (unsigned long long)E);
+            return TPS_OK;
+        }
+        if (L->q && L->q->role[i] != TPS_QR_PLAIN) {
+            refuse(C, "tensor '%s' is a quantized expert: layout %s does not stack quantized "
+                      "experts yet",
+                   nm, lname);
+            return TPS_OK;
+        }
+        if (strcmp(param_of(nm), "weight")) {
+            refuse(C, "tensor '%s': layout %s stacks expert weights; the engine has no place "
+                      "for an expert's %s",
+                   nm, lname, param_of(nm));
+            return TPS_OK;
+        }
+        int known = 0;
+        for (size_t s = 0; s < x->nstacks && !known; s++)
+            for (size_t j = 0; j < x->stacks[s].nparts && !known; j++)
+                known = strlen(x->stacks[s].parts[j]) == ll && !memcmp(x->stacks[s].parts[j], leaf, ll);
+        if (!known) {
+            refuse(C, "tensor '%s': layout %s does not know expert module '%.*s'", nm, lname,
+                   (int)ll, leaf);
+            return TPS_OK;
+        }
+    }
+    /* Each expert's parts, with one shape: rows stacks [I, H], columns [H, I]. */
+    size_t nidx = 0;
+    for (size_t s = 0; s < x->nstacks; s++) nidx += x->stacks[s].nparts;
+    size_t *idx = tps_xcalloc((size_t)E * nidx, sizeof *idx);
+    if (!idx) return nomem(C);
+    tps_err rc = TPS_OK;
+    uint64_t I = 0, H = 0;
+    const tps_ctensor *t0 = NULL;
+    for (uint64_t e = 0; e < E && !C->why[0]; e++) {
+        size_t k = 0;
+        for (size_t s = 0; s < x->nstacks && !C->why[0]; s++)
+            for (size_t j = 0; j < x->stacks[s].nparts && !C->why[0]; j++, k++) {
+                char *want = tps_asprintf("%s.%llu.%s.weight", module, (unsigned long long)e,
+                                          x->stacks[s].parts[j]);
+                if (!want) {
+                    free(idx);
+                    return nomem(C);
+                }
+                int w = tps_ckpt_find(ck, want);
+                if (w < 0) {
+                    refuse(C, "config.json says %s = %llu, but the checkpoint lacks '%s'",
+                           x->count, (unsigned long long)E, want);
+                    free(want);
+                    break;
+                }
+                free(want);
+                const tps_ctensor *t = &ck->t[w];
+                int d = x->stacks[s].dim;
+                if (!t0) {
+                    t0 = t;
+                    I = t->ndim == 2 ? t->shape[d] : 0;
+                    H = t->ndim == 2 ? t->shape[1 - d] : 0;
+                }
+                if (t->ndim != 2 || t->dtype != t0->dtype || t->shape[d] != I ||
+                    t->shape[1 - d] != H) {
+                    refuse(C, "expert tensor '%s' (%s, %d-D) does not match '%s' (%s, [%llu, "
+                              "%llu] with its rows or columns the expert's intermediate size "
+                              "%llu): layout %s stacks experts of one shape",
+                           t->name, tps_dtype_name(t->dtype), t->ndim, t0->name,
+                           tps_dtype_name(t0->dtype), (unsigned long long)t0->shape[0],
+                           t0->ndim == 2 ? (unsigned long long)t0->shape[1] : 0ULL,
+                           (unsigned long long)I, lname);
+                    break;
+                }
+                idx[e * nidx + k] = (size_t)w;
+            }
+    }
+    if (C->why[0]) goto done;
+    if (x->rows) {
+        uint64_t want = config_count(ck->config, x->rows, &present);
+        if (present && want != I) {
+            refuse(C, "%s = %llu in config.json, but the experts of '%s' have %llu", x->rows,
+                   (unsigned long long)want, module, (unsigned long long)I);
+            goto done;
+        }
+    }
+    const char *rows_name = x->rows ? x->rows : "the expert intermediate size";
+    if (L->ep) {
+        if (E % tp) {
+            char works[300];
+            works_list(works, sizeof works, E, 0, ok_divides);
+            refuse(C, "%s = %llu is not divisible by the EP size %d (with --ep each rank holds the "
+                      "same number of whole experts; tp values that work: %s)",
+                   x->count, (unsigned long long)E, C->tp, works);
+            goto done;
+        }
+    } else {
+        if (tp > E) {
+            refuse(C, "%s = %llu < tp %d: the engine refuses more ranks than experts (split with "
+                      "--ep, or a smaller tp)",
+                   x->count, (unsigned long long)E, C->tp);
+            goto done;
+        }
+        if (I % tp) {
+            char works[300];
+            works_list(works, sizeof works, I, 0, ok_divides);
+            refuse(C, "%s = %llu is not divisible by tp %d (layout %s splits every expert's rows "
+                      "evenly; tp values that work: %s; or split with --ep)",
+                   rows_name, (unsigned long long)I, C->tp, lname, works);
+            goto done;
+        }
+    }
+    uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
+    uint64_t es = tps_dtype_bits(t0->dtype) / 8;
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t e0 = L->ep ? (uint64_t)r * Er : 0;
+        size_t k0 = 0;
+        for (size_t s = 0; s < x->nstacks; s++) {
+            const tps_lstack *st = &x->stacks[s];
+            char *name = own_name(C, x->into ? tps_asprintf("%s.%s.%s", module, x->into, st->name)
+                                             : tps_asprintf("%s.%s", module, st->name));
+            if (!name) {
+                rc = nomem(C);
+                goto done;
+            }
+            uint64_t shape[TPS_MAX_DIMS] = {Er, st->dim ? H : st->nparts * Ir, st->dim ? Ir : H};
+            tps_rtensor *rt;
+            if ((rc = new_rt(C, name, r, t0->dtype, 3, shape, "experts", &rt))) goto done;
+            uint64_t lo = L->ep ? 0 : (uint64_t)r * Ir, hi = L->ep ? 0 : lo + Ir;
+            for (uint64_t k = 0; k < Er; k++)
+                for (size_t j = 0; j < st->nparts; j++) {
+                    size_t w = idx[(e0 + k) * nidx + k0 + j];
+                    uint64_t at = (k * st->nparts + j) * Ir * H * es;
+                    if ((rc = src_piece(C, rt, w, L->ep ? -1 : st->dim, lo, hi, at))) goto done;
+                }
+            k0 += st->nparts;
+        }
+    }
+done:
+    free(idx);
+    return rc;
+}
+
+/* Stacks the experts of every module the layout's experts entries match;
+ * the routers they rename. */
+static tps_err compile_experts(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    const tps_ckpt *ck = C->ck;
+    int any = 0;
+    for (size_t xi = 0; xi < s->nexperts && !C->why[0]; xi++) {
+        const tps_lexperts *x = &s->experts[xi];
+        for (size_t i = 0; i < ck->n && !C->why[0];) {
+            size_t ml, ll;
+            uint64_t e;
+            const char *leaf;
+            if (C->used[i] || !expert_name(x, ck->t[i].name, &ml, &e, &leaf, &ll)) {
+                i++;
+                continue;
+            }
+            /* names sort: every tensor under <module>. follows */
+            size_t b = i + 1;
+            while (b < ck->n && !strncmp(ck->t[b].name, ck->t[i].name, ml + 1)) b++;
+            char *module = tps_xmalloc(ml + 1);
+            if (!module) return nomem(C);
+            memcpy(module, ck->t[i].name, ml);
+            module[ml] = 0;
+            any = 1;
+            tps_err rc = place_experts(C, x, module, i, b);
+            if (!rc && !C->why[0] && x->router) {
+                const char *dot = strrchr(module, '.');
+                size_t pl = dot ? (size_t)(dot - module) : 0;
+                char *rn = tps_asprintf("%.*s%s%s.weight", (int)pl, module, pl ? "." : "", x->router);
+                char *as = tps_asprintf("%.*s%s%s.weight", (int)pl, module, pl ? "." : "", x->router_as);
+                int ri = rn ? tps_ckpt_find(ck, rn) : -1;
+                if (!rn || !as) {
+                    rc = nomem(C);
+                } else if (ri < 0) {
+                    refuse(C, "layout %s stacks the experts of '%s', but the checkpoint lacks their "
+                              "router '%s'",
+                           s->name, module, rn);
+                } else if (!C->used[ri]) {
+                    char *owned = own_name(C, as);
+                    as = NULL;
+                    rc = owned ? place_simple(C, (size_t)ri, owned, TPS_SPLIT_REPLICATE, "router")
+                               : nomem(C);
+                }
+                free(rn);
+                free(as);
+            }
+            free(module);
+            TPS_TRY(rc);
+            i = b;
+        }
+    }
+    if (C->L->ep && !any && !C->why[0])
+        refuse(C, "--ep holds every expert whole on one rank, but layout %s finds no experts in "
+                  "this checkpoint",
+               s->name);
+    return TPS_OK;
+}
+
 /* Finds fused groups: for each tensor that is the first part of a fusion,
  * its siblings. */
 static tps_err compile_fused(cstate *C)
@@ -1604,7 +1891,14 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         uint64_t b[16], r[16];
         if (k && !packed_rows(&C, k, i, b, r)) goto out;
     }
+    if (L->ep && !s) {
+        refuse(&C, "--ep (expert parallelism) is for the serving layouts (--layout vllm or "
+                   "sglang); the DTensor layout splits experts as the plan says");
+        goto out;
+    }
     if (s) {
+        TPS_CHECK(compile_experts(&C));
+        if (C.why[0]) goto out;
         TPS_CHECK(compile_fused(&C));
         if (C.why[0]) goto out;
     }

@@ -478,16 +478,23 @@ static void cond_clear(tps_cond *c)
 
 static tps_err parse_cond(const pctx *pc, const ynode *m, const char *what, tps_cond *c)
 {
-    static const char *const known[] = {"field", "truthy", "falsy", "equals", "default"};
-    const ynode *v[5];
+    static const char *const known[] = {"field", "truthy", "falsy", "equals", "default",
+                                        "not_equals"};
+    const ynode *v[6];
     int b, nops;
-    TPS_TRY(map_fields(pc, m, what, known, 5, v));
+    TPS_TRY(map_fields(pc, m, what, known, 6, v));
     if (!v[0])
         return perr(pc, m->line, "%s without 'field' (the config.json field it tests)", what);
     TPS_TRY(get_str(pc, v[0], "field", &c->field));
-    nops = !!v[1] + !!v[2] + !!v[3];
-    if (nops == 0) return perr(pc, m->line, "%s needs one of truthy, falsy or equals", what);
-    if (nops > 1) return perr(pc, m->line, "%s takes only one of truthy, falsy or equals", what);
+    nops = !!v[1] + !!v[2] + !!v[3] + !!v[5];
+    if (nops == 0)
+        return perr(pc, m->line, "%s needs one of truthy, falsy, equals or not_equals", what);
+    if (nops > 1)
+        return perr(pc, m->line, "%s takes only one of truthy, falsy, equals or not_equals", what);
+    if (v[5]) {
+        c->op = TPS_COND_NOT_EQUALS;
+        TPS_TRY(get_json_scalar(pc, v[5], "not_equals", 0, &c->value));
+    } else
     if (v[1]) {
         TPS_TRY(get_bool(pc, v[1], "truthy", &b));
         c->op = b ? TPS_COND_TRUTHY : TPS_COND_FALSY;
@@ -1075,6 +1082,7 @@ int tps_cond_eval(const tps_cond *c, const cJSON *config)
     case TPS_COND_TRUTHY: return json_truthy(v);
     case TPS_COND_FALSY: return !json_truthy(v);
     case TPS_COND_EQUALS: return json_scalar_eq(v, c->value);
+    case TPS_COND_NOT_EQUALS: return !json_scalar_eq(v, c->value);
     }
     return 0;
 }
@@ -1512,16 +1520,74 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
     return TPS_OK;
 }
 
+static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
+{
+    static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks"};
+    static const char *const rknown[] = {"module", "as"};
+    static const char *const sknown[] = {"name", "parts", "split"};
+    const ynode *v[6], *rv[2];
+    TPS_TRY(map_fields(pc, m, "experts entry", known, 6, v));
+    x->line = m->line;
+    if (!v[0] || !v[1] || !v[5])
+        return perr(pc, m->line, "an experts entry needs 'match', 'count' and 'stacks'");
+    TPS_TRY(get_str_list(pc, v[0], "match", check_pattern, &x->patterns, &x->npat));
+    TPS_TRY(get_str(pc, v[1], "count", &x->count));
+    TPS_TRY(check_field_name(pc, v[1], "count"));
+    if (v[2]) {
+        TPS_TRY(get_str(pc, v[2], "rows", &x->rows));
+        TPS_TRY(check_field_name(pc, v[2], "rows"));
+    }
+    if (v[3]) {
+        TPS_TRY(get_str(pc, v[3], "into", &x->into));
+        TPS_TRY(check_leaf(pc, v[3]));
+    }
+    if (v[4]) {
+        TPS_TRY(map_fields(pc, v[4], "router", rknown, 2, rv));
+        if (!rv[0] || !rv[1]) return perr(pc, v[4]->line, "'router' needs 'module' and 'as'");
+        TPS_TRY(get_str(pc, rv[0], "module", &x->router));
+        TPS_TRY(check_leaf(pc, rv[0]));
+        TPS_TRY(get_str(pc, rv[1], "as", &x->router_as));
+        TPS_TRY(check_pattern(pc, rv[1]));
+        if (has_glob(x->router_as, strlen(x->router_as)))
+            return perr(pc, rv[1]->line, "router 'as' is a module path, not a pattern");
+    }
+    if (v[5]->type != YN_SEQ || v[5]->n < 1 || v[5]->n > 4)
+        return perr(pc, v[5]->line, "'stacks' must be a list of 1 to 4 stacks");
+    x->stacks = tps_xcalloc(v[5]->n, sizeof *x->stacks);
+    if (!x->stacks) return nomem(pc->ctx);
+    for (size_t i = 0; i < v[5]->n; i++) {
+        const ynode *sv[3];
+        tps_lstack *st = &x->stacks[x->nstacks++];
+        TPS_TRY(map_fields(pc, v[5]->kid[i], "stack", sknown, 3, sv));
+        if (!sv[0] || !sv[1] || !sv[2])
+            return perr(pc, v[5]->kid[i]->line, "a stack needs 'name', 'parts' and 'split'");
+        TPS_TRY(get_str(pc, sv[0], "name", &st->name));
+        TPS_TRY(check_leaf(pc, sv[0]));
+        TPS_TRY(get_str_list(pc, sv[1], "parts", NULL, &st->parts, &st->nparts));
+        if (st->nparts < 1 || st->nparts > 4)
+            return perr(pc, sv[1]->line, "a stack has 1 to 4 parts");
+        if (sv[2]->type == YN_SCALAR && !strcmp(sv[2]->s, "rows")) st->dim = 0;
+        else if (sv[2]->type == YN_SCALAR && !strcmp(sv[2]->s, "columns")) st->dim = 1;
+        else return perr(pc, sv[2]->line, "a stack's 'split' is rows or columns");
+        if (st->dim == 1 && st->nparts != 1)
+            return perr(pc, sv[1]->line, "a stack split by columns has one part");
+        for (size_t j = 0; j < i; j++)
+            if (!strcmp(x->stacks[j].name, st->name))
+                return perr(pc, sv[0]->line, "stack '%s' is listed twice", st->name);
+    }
+    return TPS_OK;
+}
+
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
-                                        "vocab_padding_tp", "checks", "scales"};
+                                        "vocab_padding_tp", "checks", "scales", "experts"};
     static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
     static const char *const sknown[] = {"architectures", "model_types"};
     static const char *const tknown[] = {"head", "embedding", "default_for"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_SCALES, K_N };
+           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_N };
     const ynode *v[K_N], *sv[2], *tv[3], *qv[4];
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a layout must be a mapping with 'name' and 'target', not %s",
@@ -1564,6 +1630,16 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
         for (size_t i = 0; i < v[K_CHECKS]->n; i++) {
             s->nchecks++;
             TPS_TRY(parse_lcheck(pc, v[K_CHECKS]->kid[i], &s->checks[i]));
+        }
+    }
+    if (v[K_EXPERTS] && !y_is_null(v[K_EXPERTS])) {
+        if (v[K_EXPERTS]->type != YN_SEQ || v[K_EXPERTS]->n > 16)
+            return perr(pc, v[K_EXPERTS]->line, "'experts' must be a list of at most 16 entries");
+        s->experts = tps_xcalloc(v[K_EXPERTS]->n ? v[K_EXPERTS]->n : 1, sizeof *s->experts);
+        if (!s->experts) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_EXPERTS]->n; i++) {
+            s->nexperts++;
+            TPS_TRY(parse_lexperts(pc, v[K_EXPERTS]->kid[i], &s->experts[i]));
         }
     }
     if (v[K_SCALES]) {
@@ -1652,6 +1728,21 @@ void tps_lspec_free(tps_lspec *s)
     free(s->tied_head);
     free(s->tied_embedding);
     free(s->refuse_scales_reason);
+    for (size_t i = 0; i < s->nexperts; i++) {
+        tps_lexperts *x = &s->experts[i];
+        strv_free(x->patterns, x->npat);
+        free(x->count);
+        free(x->rows);
+        free(x->into);
+        free(x->router);
+        free(x->router_as);
+        for (size_t j = 0; j < x->nstacks; j++) {
+            free(x->stacks[j].name);
+            strv_free(x->stacks[j].parts, x->stacks[j].nparts);
+        }
+        free(x->stacks);
+    }
+    free(s->experts);
     strv_free(s->tied_default, s->ntied_default);
     for (size_t i = 0; i < s->nchecks; i++) {
         tps_lcheck *c = &s->checks[i];

@@ -241,6 +241,12 @@ const char *tps_layout_spec_target(const tps_layout_spec *s); /* "vllm 0.33.0"; 
  * says so. The layout borrows ck, plan and spec: free it first. */
 tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                             const tps_layout_spec *spec, int tp, tps_layout **out);
+/* The same with expert parallelism (split --ep): a serving layout that
+ * stacks experts puts each expert whole on one rank, rank r holding experts
+ * [r E / tp, (r + 1) E / tp); refused for the DTensor layout. */
+tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                          const tps_layout_spec *spec, int tp, int ep, tps_layout **out);
+int tps_layout_ep(const tps_layout *L);
 /* The DTensor layout: tps_layout_new_with(..., NULL, ...). */
 tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
                        tps_layout **out);

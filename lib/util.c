@@ -382,6 +382,11 @@ static const char *json_prescan(const char *s, size_t len, int max)
     return NULL;
 }
 
+const char *tps_json_prescan_span(const char *text, size_t len)
+{
+    return json_prescan(text, len, 63); /* a member of the top-level object */
+}
+
 tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len, cJSON **out)
 {
     if (!tps_utf8_valid(text, len))

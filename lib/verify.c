@@ -1207,7 +1207,7 @@ static tps_err expect_layout(vctx *V)
     if (ck->plan_text) /* packed tensors: their sections are the plan's */
         TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
                                  strlen(ck->plan_text), &V->plan));
-    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, V->tp, st, &V->lay));
+    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, V->tp, ck->layout_ep, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);
@@ -1295,6 +1295,10 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     for (size_t i = 0; i < nt; i++) {
         V->unit_of[i] = -1;
         if (o->tensors_glob && fnmatch(o->tensors_glob, V->ck->t[i].name, 0) != 0) continue;
+        if (tps_vp_is_packed(V, i)) {
+            TPS_CHECK(tps_vp_check(V, i));
+            continue;
+        }
         vunit *u = &V->u[V->nu];
         u->t = i;
         u->ct = &V->ck->t[i];

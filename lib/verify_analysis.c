@@ -53,26 +53,15 @@ static int style_cmp(const void *a, const void *b)
     return strcmp(((const style_ent *)a)->name, ((const style_ent *)b)->name);
 }
 
-/* The plan's style recorded in the manifest's tensor entry, when there is one
- * ("tensors" as an object keyed by name or an array of {"name": ...}). */
+/* The plan's style the manifest records for each tensor, by name. */
 style_ent *tps_va_style_index(const tps_ckpt *ck, size_t *n)
 {
     *n = 0;
-    const cJSON *ts =
-        ck->manifest ? cJSON_GetObjectItemCaseSensitive(ck->manifest, "tensors") : NULL;
-    if (!ts || !(cJSON_IsObject(ts) || cJSON_IsArray(ts))) return NULL;
-    size_t cnt = (size_t)cJSON_GetArraySize(ts);
-    style_ent *v = calloc(cnt ? cnt : 1, sizeof *v);
+    style_ent *v = calloc(ck->n ? ck->n : 1, sizeof *v);
     if (!v) return NULL;
     size_t k = 0;
-    for (const cJSON *e = ts->child; e; e = e->next) {
-        const char *name = cJSON_IsObject(ts) ? e->string : NULL;
-        if (!name) {
-            const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
-            name = cJSON_IsString(nm) ? nm->valuestring : NULL;
-        }
-        if (name && k < cnt) v[k++] = (style_ent){name, e};
-    }
+    for (size_t i = 0; i < ck->n; i++)
+        if (ck->t[i].style) v[k++] = (style_ent){ck->t[i].name, ck->t[i].style};
     if (k > 1) qsort(v, k, sizeof *v, style_cmp);
     *n = k;
     return v;
@@ -82,9 +71,7 @@ const char *tps_va_style_of(const style_ent *v, size_t n, const char *name)
     if (!v) return NULL;
     style_ent key = {name, NULL};
     const style_ent *f = bsearch(&key, v, n, sizeof *v, style_cmp);
-    if (!f || !cJSON_IsObject(f->e)) return NULL;
-    const cJSON *s = cJSON_GetObjectItemCaseSensitive(f->e, "style");
-    return cJSON_IsString(s) ? s->valuestring : NULL;
+    return f ? f->style : NULL;
 }
 int tps_va_style_is(const char *s, tps_style st, const char *alias1, const char *alias2)
 {

@@ -167,12 +167,15 @@ typedef struct {
 
 typedef struct {
     const char *name;
-    const cJSON *e;
+    const char *style;
 } style_ent;
 
 /* ------------------------------------------------------------------ functions */
 
 void tps_va_row_free(tps_verify_row *r);
+/* verify_packed.c: a serving layout's packed tensors, several row ranges a rank */
+int tps_vp_is_packed(const vctx *V, size_t i);
+tps_err tps_vp_check(vctx *V, size_t i);
 int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, double err,
                    double tol, uint64_t wrong, uint64_t total, int ok, char *note);
 void tps_va_set_err(vctx *V, tps_err rc);
