@@ -150,6 +150,8 @@ class _Call:
     progress to the caller's callable, and Ctrl-C interrupts it."""
 
     def __init__(self, threads: Optional[int] = None, progress: Optional[Progress] = None):
+        if progress is not None and not callable(progress):
+            raise TypeError("progress must be callable: progress(done, total, tensor)")
         self.ctx = lib.tps_ctx_new()
         if not self.ctx:
             raise MemoryError("tpshard: out of memory")
@@ -160,8 +162,6 @@ class _Call:
         lib.tps_ctx_set_log(self.ctx, self._log, None)
         self._progress_fn = progress
         if progress is not None:
-            if not callable(progress):
-                raise TypeError("progress must be callable: progress(done, total, tensor)")
             self._progress = _lib.PROGRESS_FN(self._on_progress)
             lib.tps_ctx_set_progress(self.ctx, self._progress, None)
         if threads is not None:
@@ -212,10 +212,11 @@ class _Call:
         worker = threading.Thread(target=work, name="tpshard", daemon=True)
         worker.start()
         interrupted = False
-        while True:
+        # Polled: a signal taken by another thread is acted on by this one
+        # only when it runs Python again.
+        while not done.is_set():
             try:
-                done.wait()
-                break
+                done.wait(0.1)
             except KeyboardInterrupt:
                 interrupted = True
                 lib.tps_ctx_interrupt(self.ctx)
@@ -239,9 +240,11 @@ class _Call:
     def handle(self, fn: Callable[..., int], *args: Any, free: Callable[[Any], None]) -> Any:
         """An opaque handle made by fn(ctx, *args, &h), freed when the call ends."""
         h = ctypes.c_void_p()
-        self.run(fn, *args, ctypes.byref(h))
-        if h.value:
-            self._frees.append(lambda: free(h))
+        try:
+            self.run(fn, *args, ctypes.byref(h))
+        finally:  # made, even if Ctrl-C came just after: freed with the rest
+            if h.value:
+                self._frees.append(lambda: free(h))
         return h
 
     def doc(self, fn: Callable[..., int], *args: Any) -> Dict[str, Any]:
