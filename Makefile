@@ -52,6 +52,8 @@ LIB_SRCS += lib/verify_cuda_stub.c
 CUDA_OBJS :=
 endif
 LIB_OBJS := $(patsubst %.c,build/%.o,$(LIB_SRCS)) $(CUDA_OBJS)
+# The same library position-independent, for libtpshard.so (the Python module loads it).
+PIC_OBJS := $(patsubst %.c,build/pic/%.o,$(LIB_SRCS)) $(CUDA_OBJS)
 CMD_SRCS := $(wildcard cmd/*.c)
 CMD_OBJS := $(patsubst %.c,build/%.o,$(CMD_SRCS))
 TEST_SRCS := $(wildcard tests/unit/test_*.c)
@@ -62,7 +64,8 @@ PLANS := $(sort $(wildcard plans/*.yaml))
 LAYOUTS := $(sort $(wildcard plans/layouts/*.yaml))
 BUILD_FLAGS := $(CUDA)|$(OPENMP)|$(DEBUG)|$(SANITIZE)|$(CC)
 
-.PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin
+.PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin \
+  wheel
 all: tpshard
 
 check-deps:
@@ -92,6 +95,10 @@ build/%.o: %.c $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
 
+build/pic/%.o: %.c $(HEADERS) build/.flags
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
 build/lib/verify_cuda.o: lib/verify_cuda.cu $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Ilib $(PKG_CFLAGS) -I$(NCCL_HOME)/include -Xcompiler -fPIC \
@@ -102,6 +109,20 @@ libtpshard.a: $(LIB_OBJS)
 
 tpshard: $(CMD_OBJS) libtpshard.a
 	$(CC) $(LDFLAGS) -o $@ $(CMD_OBJS) libtpshard.a $(LDLIBS)
+
+libtpshard.so: $(PIC_OBJS)
+	$(CC) -shared $(LDFLAGS) -o $@ $(PIC_OBJS) $(LDLIBS)
+
+# The Python wheel (python/): tpshard, libtpshard.so and the man pages, built
+# from a copy of these sources with the default knobs whatever this tree's
+# (no sanitizers), their shared libraries bundled by auditwheel. Its build
+# tools come from PyPI into build/wheelenv once. Result: build/wheel/dist/.
+WHEEL_INPUTS := $(filter-out lib/%_gen.c,$(wildcard lib/*.c lib/*.h lib/*.cu)) \
+  $(wildcard cmd/*.c cmd/*.h man/*.1 man/*.5 python/*.* python/tpshard/*.py) $(PLANS) $(LAYOUTS) \
+  Makefile tools/wheel.sh tools/embed.sh tools/deps.sh
+build/wheel/stamp: $(WHEEL_INPUTS)
+	@sh tools/wheel.sh
+wheel: build/wheel/stamp
 
 build/tests/%: tests/unit/%.c tests/unit/test.h libtpshard.a
 	@mkdir -p $(dir $@)
@@ -154,4 +175,4 @@ uninstall:
 	for f in man/*.5; do rm -f $(DESTDIR)$(PREFIX)/share/man/man5/$$(basename $$f); done
 
 clean:
-	rm -rf build tpshard libtpshard.a lib/plans_gen.c lib/layouts_gen.c
+	rm -rf build tpshard libtpshard.a libtpshard.so lib/plans_gen.c lib/layouts_gen.c

@@ -1,9 +1,8 @@
-/* cli.c - display level, error printing, progress, checked parsers, JSON. */
+/* cli.c - display level, error printing, progress, checked parsers, --json output. */
 #include "cli.h"
 
 #include <errno.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,24 +11,6 @@
 
 int g_display = 1;
 int g_json = 0;
-
-static void json_escaped(FILE *f, const char *s)
-{
-    fputc('"', f);
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", f); break;
-        case '\\': fputs("\\\\", f); break;
-        case '\n': fputs("\\n", f); break;
-        case '\r': fputs("\\r", f); break;
-        case '\t': fputs("\\t", f); break;
-        default:
-            if (*p < 0x20) fprintf(f, "\\u%04x", *p);
-            else fputc(*p, f);
-        }
-    }
-    fputc('"', f);
-}
 
 static int progress_shown;
 
@@ -48,10 +29,12 @@ static int vmessage(const char *prefix, const char *fmt, va_list ap)
     cli_progress_done();
     fprintf(stderr, "tpshard: %s%s\n", prefix, msg);
     if (g_json && strcmp(prefix, "error: ") == 0) {
-        fputs("{\"ok\":false,\"error\":", stdout);
-        json_escaped(stdout, msg);
-        fputs("}\n", stdout);
-        fflush(stdout);
+        char *doc = NULL;
+        if (tps_error_json(NULL, msg, &doc) == TPS_OK) {
+            puts(doc);
+            fflush(stdout);
+        }
+        tps_free(doc);
     }
     return 1;
 }
@@ -240,105 +223,12 @@ const char *cli_human(uint64_t v, char *buf, size_t len)
     return buf;
 }
 
-/* ------------------------------------------------------------------ JSON writer */
-
-static int jw_depth;
-static int jw_need_comma[64];
-static int jw_after_key;
-static char jw_close[64];
-
-static void jw_pre(void)
+int cli_print_doc(tps_ctx *ctx, tps_err e, char **doc)
 {
-    if (jw_after_key) {
-        jw_after_key = 0;
-        return;
-    }
-    if (jw_depth > 0 && jw_need_comma[jw_depth]) fputc(',', stdout);
-    if (jw_depth > 0) jw_need_comma[jw_depth] = 1;
-}
-
-void jw_obj(void)
-{
-    jw_pre();
-    fputc('{', stdout);
-    jw_need_comma[++jw_depth] = 0;
-    jw_close[jw_depth] = '}';
-}
-
-void jw_arr(void)
-{
-    jw_pre();
-    fputc('[', stdout);
-    jw_need_comma[++jw_depth] = 0;
-    jw_close[jw_depth] = ']';
-}
-
-void jw_end(void)
-{
-    if (jw_depth > 0) fputc(jw_close[jw_depth--], stdout);
-}
-
-void jw_key(const char *k)
-{
-    jw_pre();
-    json_escaped(stdout, k);
-    fputc(':', stdout);
-    jw_after_key = 1;
-}
-
-void jw_str(const char *s)
-{
-    jw_pre();
-    if (s) json_escaped(stdout, s);
-    else fputs("null", stdout);
-}
-
-void jw_int(int64_t v)
-{
-    jw_pre();
-    printf("%lld", (long long)v);
-}
-
-void jw_uint(uint64_t v)
-{
-    jw_pre();
-    printf("%llu", (unsigned long long)v);
-}
-
-void jw_num(double v)
-{
-    jw_pre();
-    if (isfinite(v)) printf("%.9g", v);
-    else fputs("null", stdout);
-}
-
-void jw_bool(int v)
-{
-    jw_pre();
-    fputs(v ? "true" : "false", stdout);
-}
-
-void jw_null(void)
-{
-    jw_pre();
-    fputs("null", stdout);
-}
-
-void jw_raw(const char *json)
-{
-    jw_pre();
-    fputs(json, stdout);
-}
-
-void jw_done(void)
-{
-    fputc('\n', stdout);
+    if (e) return cli_lib_error(ctx, e);
+    puts(*doc);
     fflush(stdout);
-    jw_depth = 0;
+    tps_free(*doc);
+    *doc = NULL;
+    return 0;
 }
-
-void jw_kstr(const char *k, const char *v) { jw_key(k); jw_str(v); }
-void jw_kint(const char *k, int64_t v) { jw_key(k); jw_int(v); }
-void jw_kuint(const char *k, uint64_t v) { jw_key(k); jw_uint(v); }
-void jw_knum(const char *k, double v) { jw_key(k); jw_num(v); }
-void jw_kbool(const char *k, int v) { jw_key(k); jw_bool(v); }

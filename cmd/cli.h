@@ -1,5 +1,5 @@
-/* cli.h - what the subcommands share: display level, errors, a tiny JSON
- * writer, checked number parsing. cmd/ includes only lib/tpshard.h. */
+/* cli.h - what the subcommands share: display level, errors, the --json
+ * documents, checked number parsing. cmd/ includes only lib/tpshard.h. */
 #ifndef TPS_CLI_H
 #define TPS_CLI_H
 #include <stdint.h>
@@ -46,34 +46,18 @@ int cli_parse_size(const char *usage, const char *opt, const char *s, uint64_t *
 /* Human sizes: "1.50 GiB" into buf. */
 const char *cli_human(uint64_t bytes, char *buf, size_t len);
 
-/* Minimal JSON writer on stdout: commas and nesting handled. */
-void jw_obj(void);              /* { */
-void jw_arr(void);              /* [ */
-void jw_end(void);              /* } or ] */
-void jw_key(const char *k);
-void jw_str(const char *s);     /* NULL -> null */
-void jw_int(int64_t v);
-void jw_uint(uint64_t v);
-void jw_num(double v);
-void jw_bool(int v);
-void jw_null(void);
-void jw_raw(const char *json);  /* already-valid JSON text */
-void jw_done(void);             /* newline, flush */
-/* key + value shorthands */
-void jw_kstr(const char *k, const char *v);
-void jw_kint(const char *k, int64_t v);
-void jw_kuint(const char *k, uint64_t v);
-void jw_knum(const char *k, double v);
-void jw_kbool(const char *k, int v);
+/* --json: prints the library's document *doc (tps_*_json made it, or failed
+ * with e) and a newline on stdout, and frees it; on e, prints the error
+ * instead. Returns 0 or the exit status. */
+int cli_print_doc(tps_ctx *ctx, tps_err e, char **doc);
 
 /* Shared by plan and split: open MODEL and pick the plan (--plan, --family,
  * or detected). Returns 0 or the exit status after printing the error. */
 int cli_open_model_and_plan(tps_ctx *ctx, const char *model, const char *plan_file,
                             const char *family, tps_ckpt **ck, tps_plan **plan);
-int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
-/* The checkpoint's quantization: a "quantization" key (null when none) in
- * --json, else a "quantization: ..." line; nothing printed when none. */
-void cli_quant_json(tps_ctx *ctx, const tps_ckpt *ck);
+int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L);
+/* The checkpoint's quantization: a "quantization: ..." line; nothing
+ * printed when none. */
 void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck);
 /* --layout NAME|FILE: NULL for dtensor. Returns 0 or the exit status after
  * printing the error. */

@@ -28,17 +28,8 @@ int cmd_check(int argc, char **argv)
     if (e) {
         status = cli_lib_error(ctx, e);
     } else if (g_json) {
-        jw_obj();
-        jw_kbool("ok", 1);
-        jw_kstr("dir", dir);
-        jw_kint("tp", r.tp);
-        jw_kint("ranks_present", r.ranks_present);
-        jw_kstr("missing_ranks", r.missing_ranks);
-        jw_kint("files_checked", r.files_checked);
-        jw_kuint("tensors_checked", r.tensors_checked);
-        jw_kuint("bytes_checked", r.bytes_checked);
-        jw_end();
-        jw_done();
+        char *doc = NULL;
+        status = cli_print_doc(ctx, tps_check_json(ctx, dir, &r, &doc), &doc);
     } else if (g_display >= 1) {
         printf("ok: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
                dir, r.files_checked, r.files_checked == 1 ? "" : "s",

@@ -16,23 +16,6 @@ const char usage_inspect[] =
     "  -q, -v      quieter, more verbose\n"
     "  -h, --help  this text\n";
 
-static const char *const cfg_fields[] = {
-    "architectures", "model_type", "num_attention_heads", "num_key_value_heads",
-    "num_global_key_value_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size",
-    "num_hidden_layers", "tie_word_embeddings", "hidden_size_per_layer_input",
-    "vocab_size_per_layer_input", "enable_moe_block", "torch_dtype", NULL};
-
-static const char *kind_name(tps_src_kind k)
-{
-    switch (k) {
-    case TPS_SRC_FILE: return "file";
-    case TPS_SRC_DIR: return "directory";
-    case TPS_SRC_INDEX: return "index";
-    case TPS_SRC_SHARDED: return "tpshard output";
-    }
-    return "?";
-}
-
 static void shape_str(const uint64_t *s, int n, char *buf, size_t len)
 {
     size_t o = 0;
@@ -56,6 +39,11 @@ int cmd_inspect(int argc, char **argv)
         status = cli_lib_error(ctx, e);
         goto out;
     }
+    if (g_json) {
+        char *doc = NULL;
+        status = cli_print_doc(ctx, tps_inspect_json(ctx, ck, &doc), &doc);
+        goto out;
+    }
     /* Family detection failing is information here, not an error. */
     const char *family = NULL;
     if (tps_ckpt_has_config(ck) && tps_plan_detect(ctx, ck, &plan) == TPS_OK) family = tps_plan_name(plan);
@@ -68,65 +56,9 @@ int cmd_inspect(int argc, char **argv)
         by_dtype_n[v.dtype]++;
     }
     char buf[512], b2[64];
-    if (g_json) {
-        jw_obj();
-        jw_kbool("ok", 1);
-        jw_kstr("model", path);
-        jw_kstr("kind", kind_name(tps_ckpt_kind(ck)));
-        jw_key("files");
-        jw_arr();
-        for (size_t i = 0; i < tps_ckpt_file_count(ck); i++) jw_str(tps_ckpt_file(ck, i));
-        jw_end();
-        jw_kstr("family", family);
-        jw_key("config");
-        if (tps_ckpt_has_config(ck)) {
-            jw_obj();
-            for (const char *const *f = cfg_fields; *f; f++) {
-                jw_key(*f);
-                if (tps_ckpt_config_value(ck, *f, buf, sizeof buf) == 0) jw_raw(buf);
-                else jw_null();
-            }
-            jw_end();
-        } else {
-            jw_null();
-        }
-        cli_quant_json(ctx, ck);
-        jw_kuint("tensor_count", n);
-        jw_kuint("total_bytes", tps_ckpt_total_bytes(ck));
-        jw_key("dtypes");
-        jw_obj();
-        for (int d = 0; d < TPS_DTYPE_COUNT_; d++)
-            if (by_dtype_n[d]) {
-                jw_key(tps_dtype_name((tps_dtype)d));
-                jw_obj();
-                jw_kuint("tensors", by_dtype_n[d]);
-                jw_kuint("bytes", by_dtype_bytes[d]);
-                jw_end();
-            }
-        jw_end();
-        jw_key("tensors");
-        jw_arr();
-        for (size_t i = 0; i < n; i++) {
-            tps_tensor_view v;
-            tps_ckpt_tensor(ck, i, &v);
-            jw_obj();
-            jw_kstr("name", v.name);
-            jw_kstr("dtype", tps_dtype_name(v.dtype));
-            jw_key("shape");
-            jw_arr();
-            for (int d = 0; d < v.ndim; d++) jw_uint(v.shape[d]);
-            jw_end();
-            jw_kuint("bytes", v.nbytes);
-            jw_kstr("file", v.file);
-            jw_end();
-        }
-        jw_end();
-        jw_end();
-        jw_done();
-        goto out;
-    }
-    printf("model:   %s (%s, %zu file%s)\n", path, kind_name(tps_ckpt_kind(ck)), tps_ckpt_file_count(ck),
-           tps_ckpt_file_count(ck) == 1 ? "" : "s");
+    const char *const *cfg_fields = tps_tp_config_fields();
+    printf("model:   %s (%s, %zu file%s)\n", path, tps_src_kind_name(tps_ckpt_kind(ck)),
+           tps_ckpt_file_count(ck), tps_ckpt_file_count(ck) == 1 ? "" : "s");
     if (tps_ckpt_has_config(ck)) {
         printf("family:  %s\n", family ? family : "(no built-in plan serves it; use --plan FILE)");
         printf("config:\n");

@@ -46,13 +46,8 @@ int cmd_merge(int argc, char **argv)
     if (e) {
         status = cli_lib_error(ctx, e);
     } else if (g_json) {
-        jw_obj();
-        jw_kbool("ok", 1);
-        jw_kstr("dir", argv[optind]);
-        jw_kstr("output", out);
-        jw_kint("files_written", files);
-        jw_end();
-        jw_done();
+        char *doc = NULL;
+        status = cli_print_doc(ctx, tps_merge_json(ctx, argv[optind], &mo, files, &doc), &doc);
     } else if (g_display >= 1) {
         printf("merged %s into %s (%d safetensors file%s)\n", argv[optind], out, files, files == 1 ? "" : "s");
     }

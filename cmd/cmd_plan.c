@@ -131,34 +131,6 @@ static void print_layers(const tps_layout *L)
     if (shown < n) printf("  ... and %zu more layers with other values (see --json)\n", n - shown);
 }
 
-static void json_layers(const tps_layout *L)
-{
-    jw_key("layers");
-    jw_arr();
-    for (size_t i = 0; i < tps_layout_layer_count(L); i++) {
-        tps_layer_view v;
-        tps_layout_layer(L, i, &v);
-        jw_obj();
-        jw_kint("layer", (int64_t)i);
-        jw_kstr("type", v.type);
-        jw_key("num_attention_heads");
-        v.heads < 0 ? jw_null() : jw_int(v.heads);
-        jw_key("num_key_value_heads");
-        v.kv_heads < 0 ? jw_null() : jw_int(v.kv_heads);
-        jw_key("head_dim");
-        v.head_dim < 0 ? jw_null() : jw_int(v.head_dim);
-        /* Where the fields that are not the config's own came from. */
-        jw_key("from");
-        jw_obj();
-        if (v.heads_from) jw_kstr("num_attention_heads", v.heads_from);
-        if (v.kv_heads_from) jw_kstr("num_key_value_heads", v.kv_heads_from);
-        if (v.head_dim_from) jw_kstr("head_dim", v.head_dim_from);
-        jw_end();
-        jw_end();
-    }
-    jw_end();
-}
-
 static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char *buf, size_t len)
 {
     size_t o = (size_t)snprintf(buf, len, "[");
@@ -166,38 +138,6 @@ static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char 
         o += (size_t)snprintf(buf + o, len - o, "%s%llu", i ? "," : "",
                               (unsigned long long)(i == dim ? dimlen : s[i]));
     if (o < len) snprintf(buf + o, len - o, "]");
-}
-
-void cli_quant_json(tps_ctx *ctx, const tps_ckpt *ck)
-{
-    tps_quant_view q;
-    jw_key("quantization");
-    if (tps_ckpt_quantization(ctx, ck, &q) || !q.method) {
-        jw_null();
-        return;
-    }
-    jw_obj();
-    jw_kstr("method", q.method);
-    jw_kbool("supported", q.supported);
-    if (!q.supported) jw_kstr("problem", q.problem);
-    jw_key("block_size");
-    if (q.block_rows) {
-        jw_arr();
-        jw_uint(q.block_rows);
-        jw_uint(q.block_cols);
-        jw_end();
-    } else {
-        jw_null();
-    }
-    jw_kuint("quantized_weights", q.weights);
-    jw_key("scales");
-    jw_obj();
-    jw_kuint("block", q.block_scales);
-    jw_kuint("channel", q.channel_scales);
-    jw_kuint("tensor", q.tensor_scales);
-    jw_end();
-    jw_kuint("input_scales", q.input_scales);
-    jw_end();
 }
 
 void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck)
@@ -230,12 +170,7 @@ void cli_report_rejection(const tps_plan *plan, const tps_layout *L)
 
 int cli_open_layout(tps_ctx *ctx, const char *layout, tps_layout_spec **spec)
 {
-    *spec = NULL;
-    if (!layout || !strcmp(layout, "dtensor")) return 0;
-    /* a name without a slash or .yaml is a built-in layout */
-    tps_err e = strchr(layout, '/') || strstr(layout, ".yaml") || strstr(layout, ".yml")
-                    ? tps_layout_spec_load(ctx, layout, spec)
-                    : tps_layout_spec_builtin(ctx, layout, spec);
+    tps_err e = tps_layout_spec_open(ctx, layout, spec);
     return e ? cli_lib_error(ctx, e) : 0;
 }
 
@@ -311,7 +246,7 @@ static void local_desc(const tps_layout *L, size_t i, char *buf, size_t len)
     }
 }
 
-int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L)
+int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L)
 {
     int tp = tps_layout_tp(L);
     size_t n = tps_layout_count(L);
@@ -326,123 +261,9 @@ int cli_print_plan(const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *
     char buf[1024], b1[32], b2[32];
     const char *target = tps_layout_target(L);
     if (g_json) {
-        jw_obj();
-        jw_kbool("ok", rej == NULL);
-        jw_kstr("model", model);
-        jw_kstr("plan", tps_plan_name(plan));
-        jw_kstr("layout", tps_layout_name(L));
-        jw_kstr("target", target);
-        jw_kint("tp", tp);
-        {
-            tps_ctx *qc = tps_ctx_new();
-            if (qc) cli_quant_json(qc, ck);
-            tps_ctx_free(qc);
-        }
-        jw_kstr("rejected", rej);
-        jw_key("untie");
-        if (tps_ckpt_untied_head(ck)) {
-            jw_obj();
-            jw_kstr("head", tps_ckpt_untied_head(ck));
-            jw_kstr("embedding", tps_ckpt_untied_embedding(ck));
-            jw_end();
-        } else {
-            jw_null();
-        }
-        json_layers(L);
-        jw_key("checks");
-        jw_arr();
-        for (size_t i = 0; i < tps_layout_check_count(L); i++) {
-            tps_check_view c;
-            tps_layout_check(L, i, &c);
-            jw_obj();
-            jw_kstr("check", c.name);
-            jw_kstr("verdict", c.ok == 1 ? "pass" : c.ok == 0 ? "fail" : "skipped");
-            jw_kstr("detail", c.detail);
-            jw_end();
-        }
-        jw_end();
-        jw_key("tensors");
-        jw_arr();
-        for (size_t i = 0; i < n; i++) {
-            tps_placement_view v;
-            tps_layout_placement(L, i, &v);
-            if (!rej) v.dim = tps_layout_dim(L, i);
-            jw_obj();
-            jw_kstr("name", v.name);
-            jw_kstr("dtype", tps_dtype_name(v.dtype));
-            jw_kstr("style", tps_style_name(v.style));
-            if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
-            jw_kstr("placement", v.dim >= 0 ? b1 : "Replicate");
-            jw_kstr("rule", v.rule);
-            jw_key("shape");
-            jw_arr();
-            for (int d = 0; d < v.ndim; d++) jw_uint(v.shape[d]);
-            jw_end();
-            jw_key("local_shapes");
-            jw_arr();
-            for (int r = 0; r < tp; r++) {
-                uint64_t s, l;
-                tps_layout_local(L, i, r, &s, &l);
-                jw_arr();
-                for (int d = 0; d < v.ndim; d++) jw_uint(d == v.dim ? l : v.shape[d]);
-                jw_end();
-            }
-            jw_end();
-            jw_end();
-        }
-        jw_end();
-        jw_key("rank_bytes");
-        jw_arr();
-        for (int r = 0; r < tp; r++) jw_uint(tps_layout_rank_bytes(L, r));
-        jw_end();
-        if (target) { /* a serving layout: every rank file's tensors and their pieces */
-            jw_key("rank_tensors");
-            jw_arr();
-            for (int r = 0; r < tp; r++)
-                for (size_t k = 0; k < tps_layout_rank_tensor_count(L, r); k++) {
-                    tps_rank_tensor_view rv;
-                    tps_layout_rank_tensor(L, r, k, &rv);
-                    jw_obj();
-                    jw_kint("rank", r);
-                    jw_kstr("name", rv.name);
-                    jw_kstr("dtype", tps_dtype_name(rv.dtype));
-                    jw_key("shape");
-                    jw_arr();
-                    for (int d = 0; d < rv.ndim; d++) jw_uint(rv.shape[d]);
-                    jw_end();
-                    jw_kuint("nbytes", rv.nbytes);
-                    jw_kstr("rule", rv.rule);
-                    jw_key("pieces");
-                    jw_arr();
-                    for (size_t j = 0; j < rv.npieces; j++) {
-                        tps_piece_view p;
-                        tps_layout_rank_piece(L, r, k, j, &p);
-                        jw_obj();
-                        jw_kstr("kind", p.kind);
-                        jw_kuint("at", p.at);
-                        jw_kuint("nbytes", p.nbytes);
-                        if (p.source) {
-                            jw_kstr("source", p.source);
-                            jw_kint("dim", p.dim);
-                            if (p.dim >= 0) {
-                                jw_kuint("lo", p.lo);
-                                jw_kuint("hi", p.hi);
-                            }
-                            jw_kbool("replica", p.replica);
-                        }
-                        if (!strcmp(p.kind, "constant")) jw_knum("value", p.value);
-                        jw_end();
-                    }
-                    jw_end();
-                    jw_end();
-                }
-            jw_end();
-        }
-        jw_kuint("source_bytes", total);
-        jw_knum("replication_overhead", overhead);
-        jw_end();
-        jw_done();
-        return rej ? 1 : 0;
+        char *doc = NULL;
+        int st = cli_print_doc(ctx, tps_plan_json(ctx, L, &doc), &doc);
+        return st ? st : rej ? 1 : 0;
     }
     if (target)
         printf("plan %s, layout %s (%s) for %s at tp %d\n\n", tps_plan_name(plan),
@@ -507,54 +328,25 @@ static int list_plans(void)
 {
     tps_ctx *ctx = cli_ctx();
     if (g_json) {
-        jw_obj();
-        jw_kbool("ok", 1);
-        jw_key("plans");
-        jw_arr();
+        char *doc = NULL;
+        int st = cli_print_doc(ctx, tps_plan_list_json(ctx, &doc), &doc);
+        tps_ctx_free(ctx);
+        return st;
     }
     for (size_t i = 0; i < tps_plan_builtin_count(); i++) {
         tps_plan *p = NULL;
         const char *name = tps_plan_builtin_name(i);
         const char *desc = tps_plan_builtin(ctx, name, &p) == TPS_OK ? tps_plan_description(p) : "";
-        if (g_json) {
-            jw_obj();
-            jw_kstr("name", name);
-            jw_kstr("description", desc);
-            jw_end();
-        } else {
-            printf("  %-10s %s\n", name, desc ? desc : "");
-        }
+        printf("  %-10s %s\n", name, desc ? desc : "");
         tps_plan_free(p);
     }
-    if (g_json) {
-        jw_end();
-        jw_key("layouts");
-        jw_arr();
-        jw_obj();
-        jw_kstr("name", "dtensor");
-        jw_kstr("target", NULL);
-        jw_end();
-    } else {
-        printf("\nlayouts:\n  %-10s %s\n", "dtensor", "the plan's DTensor shards (default)");
-    }
+    printf("\nlayouts:\n  %-10s %s\n", "dtensor", "the plan's DTensor shards (default)");
     for (size_t i = 0; i < tps_layout_spec_builtin_count(); i++) {
         tps_layout_spec *sp = NULL;
         const char *name = tps_layout_spec_builtin_name(i);
         tps_layout_spec_builtin(ctx, name, &sp);
-        if (g_json) {
-            jw_obj();
-            jw_kstr("name", name);
-            jw_kstr("target", tps_layout_spec_target(sp));
-            jw_end();
-        } else {
-            printf("  %-10s rank files for %s\n", name, sp ? tps_layout_spec_target(sp) : "?");
-        }
+        printf("  %-10s rank files for %s\n", name, sp ? tps_layout_spec_target(sp) : "?");
         tps_layout_spec_free(sp);
-    }
-    if (g_json) {
-        jw_end();
-        jw_end();
-        jw_done();
     }
     tps_ctx_free(ctx);
     return 0;
@@ -605,7 +397,7 @@ int cmd_plan(int argc, char **argv)
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) {
         tps_err e = tps_layout_new_ep(ctx, ck, plan, spec, (int)tp, ep, &L);
-        status = e ? cli_lib_error(ctx, e) : cli_print_plan(argv[optind], ck, plan, L);
+        status = e ? cli_lib_error(ctx, e) : cli_print_plan(ctx, argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
             cli_report_rejection(plan, L);
     }

@@ -1,6 +1,5 @@
 /* cmd_split.c - tpshard split MODEL --tp N [-o DIR] ... */
 #include <getopt.h>
-#include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -111,18 +110,16 @@ int cmd_split(int argc, char **argv)
         goto done;
     }
     if (dry) {
-        status = cli_print_plan(model, ck, plan, L);
+        status = cli_print_plan(ctx, model, ck, plan, L);
         if (status && !g_json) cli_report_rejection(plan, L);
         goto done;
     }
     if (!out) {
-        /* <name>-tp<N> beside the input, as users expect from one argument. */
-        char *tmp = strdup(model);
-        size_t l = strlen(tmp);
-        while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
-        const char *parent = tps_ckpt_kind(ck) == TPS_SRC_FILE ? tps_ckpt_dir(ck) : dirname(tmp);
-        if (asprintf(&outbuf, "%s/%s-tp%ld", parent, tps_ckpt_stem(ck), tp) < 0) outbuf = NULL;
-        free(tmp);
+        e = tps_split_default_dir(ctx, ck, (int)tp, &outbuf);
+        if (e) {
+            status = cli_lib_error(ctx, e);
+            goto done;
+        }
         out = outbuf;
     }
     tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out,
@@ -136,23 +133,8 @@ int cmd_split(int argc, char **argv)
     }
     char b1[32];
     if (g_json) {
-        jw_obj();
-        jw_kbool("ok", 1);
-        jw_kstr("model", model);
-        jw_kstr("output", out);
-        jw_kstr("plan", tps_plan_name(plan));
-        jw_kstr("layout", tps_layout_name(L));
-        jw_kstr("target", tps_layout_target(L));
-        jw_kint("tp", tp);
-        jw_kint("ranks_written", res.ranks_written);
-        jw_kint("files_written", res.files_written);
-        jw_kuint("bytes_written", res.bytes_written);
-        jw_key("rank_bytes");
-        jw_arr();
-        for (int r = 0; r < tp; r++) jw_uint(mask && !mask[r] ? 0 : tps_layout_rank_bytes(L, r));
-        jw_end();
-        jw_end();
-        jw_done();
+        char *doc = NULL;
+        status = cli_print_doc(ctx, tps_split_json(ctx, L, &so, &res, &doc), &doc);
     } else if (g_display >= 1) {
         if (tps_layout_target(L))
             printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s, layout %s for %s)\n",

@@ -182,51 +182,9 @@ int cmd_verify(int argc, char **argv)
                                 : "numeric checks need --source MODEL: the shards were checked "
                                   "against the manifest's CRC32s only";
     if (g_json) {
-        jw_obj();
-        jw_kbool("ok", ok);
-        jw_kstr("dir", o.dir);
-        jw_kstr("source", o.source);
-        jw_kstr("backend", tps_verify_report_backend(R));
-        jw_key("checks");
-        jw_arr();
-        for (size_t i = 0; i < n; i++) {
-            const tps_verify_row *r = tps_verify_report_row(R, i);
-            jw_obj();
-            jw_kstr("check", r->check);
-            jw_kstr("kind", r->kind);
-            jw_knum("max_abs_err", r->max_abs_err);
-            jw_knum("tolerance", r->tolerance);
-            jw_kuint("wrong", r->wrong);
-            jw_kuint("total", r->total);
-            jw_kbool("ok", r->ok);
-            jw_kstr("note", r->note);
-            jw_end();
-        }
-        jw_end();
-        jw_key("summary");
-        jw_obj();
-        jw_kuint("passed", passed);
-        jw_kuint("failed", failed);
-        jw_kuint("bytes", bytes);
-        jw_knum("seconds", secs);
-        jw_knum("gb_per_s", gbs);
-        jw_knum("setup_seconds", tps_verify_report_setup_seconds(R));
-        jw_kint("seed", (int64_t)o.seed);
-        jw_kint("batch", o.batch);
-        jw_key("kinds");
-        jw_obj();
-        for (size_t k = 0; k < nk; k++) {
-            jw_key(kinds[k].kind);
-            jw_obj();
-            jw_kuint("passed", kinds[k].passed);
-            jw_kuint("failed", kinds[k].failed);
-            jw_end();
-        }
-        jw_end();
-        if (note) jw_kstr("note", note);
-        jw_end();
-        jw_end();
-        jw_done();
+        char *doc = NULL;
+        int st = cli_print_doc(ctx, tps_verify_json(ctx, &o, R, &doc), &doc);
+        if (st) ok = 0;
     } else {
         if (g_display >= 1) {
             int header = 0;

