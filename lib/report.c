@@ -427,6 +427,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     jw_kstr(&w, "layout", tps_layout_name(L));
     jw_kstr(&w, "target", target);
     jw_kint(&w, "tp", tp);
+    jw_kbool(&w, "ep", tps_layout_ep(L));
     {
         /* A ctx of its own: the caller's detail message and log stay as they were. */
         tps_ctx *qc = tps_ctx_new();
@@ -542,6 +543,7 @@ tps_err tps_split_json(tps_ctx *ctx, const tps_layout *L, const tps_split_opts *
     jw_kstr(&w, "layout", tps_layout_name(L));
     jw_kstr(&w, "target", tps_layout_target(L));
     jw_kint(&w, "tp", L->tp);
+    jw_kbool(&w, "ep", tps_layout_ep(L));
     jw_kint(&w, "ranks_written", res->ranks_written);
     jw_kint(&w, "files_written", res->files_written);
     jw_kuint(&w, "bytes_written", res->bytes_written);

@@ -254,7 +254,7 @@ class _Call:
         return json.loads(_lib.take_string(out))
 
     def layout(self, model: PathLike, tp: int, plan: Optional[PathLike], family: Optional[str],
-               layout: Optional[PathLike], untie: bool) -> Any:
+               layout: Optional[PathLike], untie: bool, ep: bool = False) -> Any:
         """Opens model, picks the plan (plan, family or detected) and the
         layout, unties when asked, and lays out every rank: split's and
         plan's common part."""
@@ -276,7 +276,8 @@ class _Call:
                 raise _arg_error(f"untie is for the dtensor layout; layout {name} writes tied "
                                  "checkpoints as its engine loads them")
             self.run(lib.tps_ckpt_untie, ck, pl)
-        return self.handle(lib.tps_layout_new_with, ck, pl, spec, tp, free=lib.tps_layout_free), ck
+        return self.handle(lib.tps_layout_new_ep, ck, pl, spec, tp, 1 if ep else 0,
+                           free=lib.tps_layout_free), ck
 
 
 def inspect(model: PathLike) -> Dict[str, Any]:
@@ -308,7 +309,7 @@ def inspect(model: PathLike) -> Dict[str, Any]:
 
 def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
          plan: Optional[PathLike] = None, family: Optional[str] = None,
-         layout: Optional[PathLike] = None, untie: bool = False,
+         layout: Optional[PathLike] = None, untie: bool = False, ep: bool = False,
          list: bool = False) -> Dict[str, Any]:
     """How a split would place every tensor, and whether it is allowed
     (``tpshard plan MODEL --tp N --json``). Writes nothing.
@@ -331,12 +332,13 @@ def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
             where each of their bytes comes from.
         untie: plan the split of a tied checkpoint as split(untie=True)
             writes it.
+        ep: plan the split as split(ep=True) writes it.
         list: return the built-in plans and layouts instead
             (``tpshard plan --list --json``); model and tp are then ignored.
 
     Returns:
         The document: ok (False when a check rejects the split), model, plan,
-        layout, target, tp, quantization, rejected (why, or None), untie,
+        layout, target, tp, ep, quantization, rejected (why, or None), untie,
         layers, checks ([{check, verdict, detail}]), tensors ([{name, dtype,
         style, placement, rule, shape, local_shapes}]), rank_bytes,
         source_bytes and replication_overhead.
@@ -352,7 +354,7 @@ def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
         raise _arg_error("plan: give model and tp (or list=True)")
     tp = _count(tp, "tp", 1, 4096)
     with _Call() as c:
-        L, _ = c.layout(model, tp, plan, family, layout, untie)
+        L, _ = c.layout(model, tp, plan, family, layout, untie, ep)
         return c.doc(lib.tps_plan_json, L)
 
 
@@ -377,7 +379,7 @@ def _size(v: Union[int, str]) -> int:
 def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
           plan: Optional[PathLike] = None, family: Optional[str] = None,
           layout: Optional[PathLike] = None, ranks: Union[str, Iterable[int], None] = None,
-          untie: bool = False, threads: Optional[int] = None,
+          untie: bool = False, ep: bool = False, threads: Optional[int] = None,
           max_part_size: Union[int, str, None] = None, no_mmap: bool = False,
           force: bool = False, dry_run: bool = False,
           progress: Optional[Progress] = None) -> Dict[str, Any]:
@@ -414,6 +416,9 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
             of the same split may share one directory.
         untie: a tied checkpoint: write lm_head from the embedding and set
             tie_word_embeddings false in the copied config.json.
+        ep: mixture-of-experts checkpoints in a serving layout: expert
+            parallelism, each expert whole on one rank (rank r holds experts
+            [r E/tp, (r+1) E/tp)); attention stays tensor parallel.
         threads: worker threads; default: all cores.
         max_part_size: split each rank into parts of at most this much tensor
             data: bytes (int) or a size such as "5G", "512M".
@@ -427,7 +432,7 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
 
     Returns:
         The document: ok, schema_version, model, output, plan, layout, target,
-        tp, ranks_written, files_written, bytes_written and rank_bytes (the
+        tp, ep, ranks_written, files_written, bytes_written and rank_bytes (the
         tensor bytes of each rank; 0 for ranks not written).
 
     Raises:
@@ -441,7 +446,7 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
     if threads is not None:
         threads = _count(threads, "threads", 1, 1024)
     with _Call(threads=threads, progress=progress) as c:
-        L, ck = c.layout(model, tp, plan, family, layout, untie)
+        L, ck = c.layout(model, tp, plan, family, layout, untie, ep)
         if dry_run:
             return c.doc(lib.tps_plan_json, L)
         if output is None:

@@ -79,6 +79,7 @@ _SIGNATURES = {
     "tps_layout_spec_name": (c_char_p, [P]),
     "tps_layout_spec_free": (None, [P]),
     "tps_layout_new_with": (c_int, [P, P, P, P, c_int, PP]),
+    "tps_layout_new_ep": (c_int, [P, P, P, P, c_int, c_int, PP]),
     "tps_layout_free": (None, [P]),
     "tps_layout_rejected": (c_char_p, [P]),
     "tps_split_default_dir": (c_int, [P, P, c_int, OUT]),
