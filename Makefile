@@ -158,7 +158,8 @@ bench: all
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/include \
-	  $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5
+	  $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/share/man/man1 $(DESTDIR)$(PREFIX)/share/man/man5 \
+	  $(DESTDIR)$(PREFIX)/share/tpshard/schema
 	install -m 755 tpshard $(DESTDIR)$(PREFIX)/bin/tpshard
 	install -m 644 libtpshard.a $(DESTDIR)$(PREFIX)/lib/libtpshard.a
 	install -m 644 lib/tpshard.h $(DESTDIR)$(PREFIX)/include/tpshard.h
@@ -167,12 +168,15 @@ install: all
 	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpshard.pc
 	for f in man/*.1; do [ -f "$$f" ] && install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man1/; done; true
 	for f in man/*.5; do [ -f "$$f" ] && install -m 644 $$f $(DESTDIR)$(PREFIX)/share/man/man5/; done; true
+	install -m 644 docs/schema/*.schema.json $(DESTDIR)$(PREFIX)/share/tpshard/schema/
 
 uninstall:
 	rm -f $(DESTDIR)$(PREFIX)/bin/tpshard $(DESTDIR)$(PREFIX)/lib/libtpshard.a \
 	  $(DESTDIR)$(PREFIX)/include/tpshard.h $(DESTDIR)$(PREFIX)/lib/pkgconfig/tpshard.pc
 	for f in man/*.1; do rm -f $(DESTDIR)$(PREFIX)/share/man/man1/$$(basename $$f); done
 	for f in man/*.5; do rm -f $(DESTDIR)$(PREFIX)/share/man/man5/$$(basename $$f); done
+	for f in docs/schema/*.schema.json; do rm -f $(DESTDIR)$(PREFIX)/share/tpshard/schema/$$(basename $$f); done
+	rmdir $(DESTDIR)$(PREFIX)/share/tpshard/schema $(DESTDIR)$(PREFIX)/share/tpshard 2>/dev/null || true
 
 clean:
 	rm -rf build tpshard libtpshard.a libtpshard.so lib/plans_gen.c lib/layouts_gen.c

@@ -7,12 +7,16 @@ const char usage_check[] =
     "\n"
     "Verifies a tpshard output directory against its manifest, without the source:\n"
     "every rank file parses, every tensor has the manifest's dtype, shape and CRC32,\n"
-    "shards cover each tensor's dims exactly once, replicas agree. Ranks that were\n"
-    "not written (split --ranks) are reported.\n"
+    "shards cover each tensor's dims exactly once, replicas agree. A directory that\n"
+    "split --ranks runs have not filled yet is partial: the ranks it holds are\n"
+    "checked, the others named, and the exit status is 3.\n"
     "\n"
     "  --json      one JSON document on stdout\n"
     "  -q, -v      quieter, more verbose\n"
-    "  -h, --help  this text\n";
+    "  -h, --help  this text\n"
+    "\n"
+    "Exit status: 0 complete and intact, 1 a mismatch or error, 2 a usage error,\n"
+    "3 partial (ranks missing; those present are intact).\n";
 
 int cmd_check(int argc, char **argv)
 {
@@ -31,13 +35,17 @@ int cmd_check(int argc, char **argv)
         char *doc = NULL;
         status = cli_print_doc(ctx, tps_check_json(ctx, dir, &r, &doc), &doc);
     } else if (g_display >= 1) {
-        printf("ok: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
-               dir, r.files_checked, r.files_checked == 1 ? "" : "s",
+        printf("%s: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
+               r.complete ? "ok" : "partial", dir, r.files_checked, r.files_checked == 1 ? "" : "s",
                (unsigned long long)r.tensors_checked, cli_human(r.bytes_checked, b, sizeof b), r.tp);
-        if (r.missing_ranks[0])
-            printf("note: rank(s) %s were not written here (split --ranks); %d of %d ranks present\n",
+        if (!r.complete)
+            printf("partial: rank(s) %s are not written here yet (split --ranks); %d of %d ranks "
+                   "present\n",
                    r.missing_ranks, r.ranks_present, r.tp);
     }
+    /* Partial is not complete, whatever is printed: a pipeline that checks
+     * the exit status never takes a directory still being filled. */
+    if (!e && !r.complete) status = 3;
     tps_ctx_free(ctx);
     return status;
 }

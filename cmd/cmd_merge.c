@@ -1,10 +1,10 @@
-/* cmd_merge.c - tpshard merge DIR -o OUT [--force] */
+/* cmd_merge.c - tpshard merge DIR -o OUT [--force] [--json] */
 #include <getopt.h>
 
 #include "cli.h"
 
 const char usage_merge[] =
-    "usage: tpshard merge DIR -o OUT [--force]\n"
+    "usage: tpshard merge DIR -o OUT [--force] [--json]\n"
     "\n"
     "Reassembles the full checkpoint from a tpshard output directory in Hugging\n"
     "Face layout: every tensor gathered along its placement, replicated tensors\n"
@@ -14,6 +14,7 @@ const char usage_merge[] =
     "\n"
     "  -o, --output OUT  output directory\n"
     "  --force           replace existing files in OUT\n"
+    "  --json            one JSON document on stdout\n"
     "  -q, -v            quieter, more verbose\n"
     "  -h, --help        this text\n";
 

@@ -24,7 +24,10 @@ const char usage_split[] =
     "  --ep                 MoE checkpoints, serving layouts: expert parallelism, each\n"
     "                       expert whole on one rank (vLLM --enable-expert-parallel,\n"
     "                       SGLang --ep-size N); attention stays tensor parallel\n"
-    "  --ranks LIST         write only these ranks, e.g. 0,3-5\n"
+    "  --ranks LIST         write only these ranks, e.g. 0,3-5; auto: this task's share,\n"
+    "                       from RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/\n"
+    "                       PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or SLURM_ARRAY_TASK_ID/\n"
+    "                       SLURM_ARRAY_TASK_COUNT (the first set, with a count above 1)\n"
     "  --untie              tied checkpoint: write lm_head from the embedding and set\n"
     "                       tie_word_embeddings false in the copied config.json\n"
     "  --threads N          worker threads; default: all cores\n"
@@ -84,11 +87,43 @@ int cmd_split(int argc, char **argv)
     if (optind != argc - 1) return cli_usage_error(usage_split, "split: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_split, "split: --tp N is required");
     unsigned char *mask = NULL;
-    if (ranks) {
+    tps_task task = {0};
+    if (ranks && !strcmp(ranks, "auto")) {
+        /* One of several launched tasks: its share, from the launcher. */
+        tps_ctx *tc = tps_ctx_new();
+        mask = calloc((size_t)tp, 1);
+        tps_err te = tc && mask ? tps_task_from_env(tc, NULL, (int)tp, &task) : TPS_E_NOMEM;
+        if (te) {
+            int st = cli_usage_error(usage_split, "split: %s",
+                                     tc ? tps_ctx_errmsg(tc) : "out of memory");
+            tps_ctx_free(tc);
+            free(mask);
+            return st;
+        }
+        tps_ctx_free(tc);
+        for (int r = task.first; r < task.first + task.nranks; r++) mask[r] = 1;
+        if (g_display >= 1 && !dry) {
+            if (task.nranks == 1)
+                fprintf(stderr, "tpshard: task %d of %d (%s/%s): rank %d of %ld\n", task.index,
+                        task.count, task.index_var, task.count_var, task.first, tp);
+            else if (task.nranks)
+                fprintf(stderr, "tpshard: task %d of %d (%s/%s): ranks %d-%d of %ld\n", task.index,
+                        task.count, task.index_var, task.count_var, task.first,
+                        task.first + task.nranks - 1, tp);
+            else
+                fprintf(stderr,
+                        "tpshard: task %d of %d (%s/%s): no rank to write: %d tasks share %ld "
+                        "ranks, one each to tasks 0-%ld\n",
+                        task.index, task.count, task.index_var, task.count_var, task.count, tp,
+                        tp - 1);
+        }
+    } else if (ranks) {
         mask = calloc((size_t)tp, 1);
         if (!mask || tps_parse_ranks(ranks, (int)tp, mask) != 0) {
             free(mask);
-            return cli_usage_error(usage_split, "split: --ranks '%s' is not a list of ranks below %ld (e.g. 0,3-5)",
+            return cli_usage_error(usage_split,
+                                   "split: --ranks '%s' is not a list of ranks below %ld "
+                                   "(e.g. 0,3-5) or auto",
                                    ranks, tp);
         }
     }
@@ -135,6 +170,9 @@ int cmd_split(int argc, char **argv)
     if (g_json) {
         char *doc = NULL;
         status = cli_print_doc(ctx, tps_split_json(ctx, L, &so, &res, &doc), &doc);
+    } else if (g_display >= 1 && mask && !res.ranks_written) {
+        printf("wrote nothing to %s: task %d of %d has no rank of %ld to write\n", out, task.index,
+               task.count, tp);
     } else if (g_display >= 1) {
         if (tps_layout_target(L))
             printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s, layout %s for %s)\n",

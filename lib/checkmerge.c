@@ -252,6 +252,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
     res->tp = ck->tp;
     res->files_checked = (int)ck->nfiles;
     res->ranks_present = missing_ranks(ck, res->missing_ranks, sizeof res->missing_ranks);
+    res->complete = res->ranks_present == ck->tp;
     TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];

@@ -612,6 +612,10 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                         "%s: rank %d's file %s is missing", ck->dir, rk->valueint, nm->valuestring);
             continue;
         }
+        /* A rank the manifest does not record as written: its file is a
+         * --ranks run's that is still writing, or was killed before it
+         * recorded its ranks. Not the manifest's: the rank is missing. */
+        if (!ck->rank_written[rk->valueint]) continue;
         size_t fi;
         TPS_CHECK(add_file(ctx, ck, nm->valuestring, &fi));
         ck->files[fi].rank = rk->valueint;

@@ -65,7 +65,7 @@ tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst);
 char *tps_path_join(const char *a, const char *b);
 int tps_is_dir(const char *path);
 int tps_exists(const char *path);
-char *tps_tmp_name(const char *final_path); /* "<dir>/.<base>.tmp.<pid>" */
+char *tps_tmp_name(const char *final_path); /* "<dir>/.<base>.tmp.<host>.<pid>" */
 tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 
 /* ------------------------------------------------------------------ JSON helpers */

@@ -563,6 +563,7 @@ tps_err tps_check_json(tps_ctx *ctx, const char *dir, const tps_check_result *r,
     jw_kint(&w, "tp", r->tp);
     jw_kint(&w, "ranks_present", r->ranks_present);
     jw_kstr(&w, "missing_ranks", r->missing_ranks);
+    jw_kbool(&w, "complete", r->complete);
     jw_kint(&w, "files_checked", r->files_checked);
     jw_kuint(&w, "tensors_checked", r->tensors_checked);
     jw_kuint(&w, "bytes_checked", r->bytes_checked);

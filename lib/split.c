@@ -85,6 +85,7 @@ typedef struct {
     volatile int failed;
     tps_err err;
     int reporting;   /* a thread is in the progress callback */
+    int join;        /* a --ranks run: other runs may be writing into the same directory */
     cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
     int map;         /* read the source through per-task mappings */
     size_t page;
@@ -984,6 +985,86 @@ static int joinable(const engine *E, const cJSON *m)
     return 1;
 }
 
+#define LOCK_NAME ".tpshard.lock"
+
+/* The lock --ranks runs sharing a directory take to read and write its
+ * manifest (flock: across machines too on NFS; Lustre needs -o flock).
+ * Returns the descriptor to close, or -1 after a warning: without it
+ * the runs still write their own files, but may drop each other's manifest
+ * entries. */
+static int lock_dir(tps_ctx *ctx, const char *dir)
+{
+    char *lp = tps_path_join(dir, LOCK_NAME);
+    int fd = lp ? open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
+    int rc = fd >= 0 ? 0 : -1;
+    while (fd >= 0 && (rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR && !ctx->interrupted) {}
+    if (rc != 0) {
+        tps_log(ctx, TPS_LOG_WARN,
+                "%s: cannot lock %s (%s): --ranks runs writing into this directory at the same "
+                "time may drop each other's manifest entries",
+                dir, LOCK_NAME, strerror(errno));
+        if (fd >= 0) close(fd);
+        fd = -1;
+    }
+    free(lp);
+    return fd;
+}
+
+/* Removes every rank file, temporary and manifest of an older output. */
+static void remove_output(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!is_ours(de->d_name)) continue;
+        char *p = tps_path_join(dir, de->d_name);
+        if (p) unlink(p);
+        free(p);
+    }
+    closedir(d);
+}
+
+/* A --ranks run, under the lock: join the manifest of this split if there is
+ * one; replace another split's output only with --force. Rank files of other
+ * ranks that no manifest records are a run still writing, or a killed one:
+ * left alone, and overwritten when their rank is written. */
+static tps_err prepare_join(engine *E, const tps_split_opts *o)
+{
+    tps_ctx *ctx = E->ctx;
+    const char *dir = o->out_dir;
+    tps_err rc = TPS_OK;
+    int lfd = lock_dir(ctx, dir);
+    cJSON *m = NULL;
+    if (load_manifest(ctx, dir, &m) != TPS_OK) {
+        cJSON_Delete(m); /* unreadable: another output, to replace */
+        m = NULL;
+        char *mp = tps_path_join(dir, TPS_MANIFEST);
+        int there = mp && tps_exists(mp);
+        free(mp);
+        if (there) m = cJSON_CreateObject();
+    }
+    if (m && joinable(E, m)) {
+        E->prev = m;
+        const cJSON *pw = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
+        for (const cJSON *r = pw ? pw->child : NULL; r && !o->force; r = r->next)
+            TPS_FAIL_IF(cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp &&
+                            E->write[r->valueint],
+                        ctx, TPS_E_EXISTS,
+                        "%s: rank %d is already written here; pass --force to rewrite the ranks "
+                        "you name",
+                        dir, r->valueint);
+    } else if (m) {
+        cJSON_Delete(m);
+        TPS_FAIL_IF(!o->force, ctx, TPS_E_EXISTS,
+                    "%s: already holds a tpshard output; pass --force to replace it", dir);
+        remove_output(dir);
+    }
+out:
+    if (lfd >= 0) close(lfd);
+    return rc;
+}
+
 static tps_err prepare_dir(engine *E, const tps_split_opts *o)
 {
     tps_ctx *ctx = E->ctx;
@@ -1003,7 +1084,8 @@ static tps_err prepare_dir(engine *E, const tps_split_opts *o)
         int e = errno;
         free(p);
         if (!ok) return tps_fail(ctx, TPS_E_IO, "%s: cannot create the output directory: %s", dir, strerror(e));
-        return TPS_OK;
+        /* Another --ranks run may have made it first, and written into it. */
+        if (!E->join) return TPS_OK;
     }
     if (!tps_is_dir(dir)) return tps_fail(ctx, TPS_E_EXISTS, "%s: exists and is not a directory", dir);
     char *a = realpath(dir, NULL), *b = realpath(ck->dir, NULL);
@@ -1014,30 +1096,17 @@ static tps_err prepare_dir(engine *E, const tps_split_opts *o)
         return tps_fail(ctx, TPS_E_ARG,
                         "%s: the output directory is the model directory itself; choose another -o",
                         dir);
-    /* --ranks into a directory other --ranks runs of the same split filled:
+    /* --ranks into a directory other --ranks runs of the same split fill:
      * add to it, and leave their ranks alone. */
-    if (o->ranks) {
-        cJSON *m = NULL;
-        if (load_manifest(ctx, dir, &m) == TPS_OK && m && joinable(E, m)) E->prev = m;
-        else cJSON_Delete(m);
-    }
+    if (E->join) return prepare_join(E, o);
     DIR *d = opendir(dir);
     if (!d) return tps_fail(ctx, TPS_E_IO, "%s: %s", dir, strerror(errno));
-    int found = 0, clash = -1;
+    int found = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
-        if (is_ours(de->d_name) != 1) continue;
-        found = 1;
-        int r = rank_of(de->d_name);
-        if (r >= 0 && r < E->tp && E->write[r]) clash = r;
-    }
+    while ((de = readdir(d)))
+        if (is_ours(de->d_name) == 1) found = 1;
     closedir(d);
-    if (E->prev && clash >= 0 && !o->force)
-        return tps_fail(ctx, TPS_E_EXISTS,
-                        "%s: rank %d is already written here; pass --force to rewrite the ranks "
-                        "you name",
-                        dir, clash);
-    if (!E->prev && found && !o->force)
+    if (found && !o->force)
         return tps_fail(ctx, TPS_E_EXISTS,
                         "%s: already holds a tpshard output; pass --force to replace it", dir);
     return TPS_OK;
@@ -1056,7 +1125,7 @@ static void remove_stale(engine *E, const char *dir)
         char *p = tps_path_join(dir, de->d_name);
         int keep = 0, r = rank_of(de->d_name);
         /* Joining: other runs' ranks and temporaries are theirs. */
-        if (E->prev && (r < 0 || r >= E->tp || !E->write[r])) keep = 1;
+        if (E->join && (r < 0 || r >= E->tp || !E->write[r])) keep = 1;
         for (size_t i = 0; p && i < E->nfiles && !keep; i++)
             keep = strcmp(E->files[i].final, p) == 0 || strcmp(E->files[i].tmp, p) == 0;
         if (p && !keep) unlink(p);
@@ -1112,8 +1181,13 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     all = tps_xcalloc((size_t)L->tp, 1);
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
-    for (int r = 0; r < L->tp; r++) all[r] = o->ranks ? o->ranks[r] : 1;
+    int any = 0;
+    for (int r = 0; r < L->tp; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
     E.write = all;
+    /* A --ranks run with no rank to write (split --ranks auto, more tasks than
+     * ranks) leaves the directory to the others. */
+    if (!any) goto out;
+    E.join = o->ranks != NULL;
     TPS_CHECK(prepare_dir(&E, o));
     TPS_CHECK(build_files(&E, o));
     TPS_CHECK(index_dests(&E));
@@ -1160,9 +1234,10 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         TPS_FAIL_IF(cr != 0, ctx, TPS_E_IO, "%s: close: %s", f->final, strerror(errno));
     }
     TPS_FAIL_IF(ctx->interrupted, ctx, TPS_E_INTERRUPTED, "interrupted");
-    if (!E.prev) {
+    if (!E.join) {
         /* The old manifest goes first, so no moment shows new rank files
-         * under an old manifest. */
+         * under an old manifest. (A --ranks run's files are not the
+         * manifest's until it records them.) */
         char *mp = tps_path_join(o->out_dir, TPS_MANIFEST);
         if (mp) unlink(mp);
         free(mp);
@@ -1176,22 +1251,25 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     remove_stale(&E, o->out_dir);
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->config_out));
     {
-        /* Runs on other machines may write the manifest too: take the lock,
-         * re-read theirs, add ours. */
-        char *lp = o->ranks ? tps_path_join(o->out_dir, ".tpshard.lock") : NULL;
-        int lfd = lp ? open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
-        free(lp);
-        if (lfd >= 0) flock(lfd, LOCK_EX);
-        if (E.prev) {
+        /* Other runs, here or on other machines, may write the manifest too:
+         * take the lock, re-read theirs as it is now, add ours. */
+        int lfd = E.join ? lock_dir(ctx, o->out_dir) : -1;
+        if (E.join) {
             cJSON *m = NULL;
-            if (load_manifest(ctx, o->out_dir, &m) == TPS_OK && m && joinable(&E, m)) {
-                cJSON_Delete(E.prev);
+            cJSON_Delete(E.prev);
+            E.prev = NULL;
+            if (load_manifest(ctx, o->out_dir, &m) == TPS_OK && m && joinable(&E, m))
                 E.prev = m;
-            } else {
-                cJSON_Delete(m);
-            }
+            else if (m)
+                rc = tps_fail(ctx, TPS_E_EXISTS,
+                              "%s: another split (other source, plan, layout or tp) wrote its "
+                              "manifest here while this run was writing; this run's rank files "
+                              "are not recorded",
+                              o->out_dir);
+            if (!E.prev) cJSON_Delete(m);
         }
-        rc = write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan));
+        if (!rc)
+            rc = write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan));
         if (lfd >= 0) close(lfd);
         if (rc) goto out;
     }

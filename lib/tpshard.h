@@ -311,7 +311,8 @@ void tps_layout_layer(const tps_layout *L, size_t i, tps_layer_view *v);
 
 typedef struct {
     int tp;                     /* must equal the layout's tp (0: take the layout's) */
-    const unsigned char *ranks; /* NULL = all; else tp entries, 1 = write */
+    const unsigned char *ranks; /* NULL = all; else tp entries, 1 = write (all 0: writes
+                                   nothing); see tps_split on sharing a directory */
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
     const char *out_dir;
@@ -325,6 +326,30 @@ typedef struct {
     int ranks_written;
 } tps_split_result;
 
+/* split --ranks auto: this process's share of the ranks, from the variables
+ * its launcher set. The launcher closest to the process wins, in this order:
+ * RANK/WORLD_SIZE (torchrun), OMPI_COMM_WORLD_RANK/OMPI_COMM_WORLD_SIZE
+ * (Open MPI), PMI_RANK/PMI_SIZE (MPICH, Intel MPI), SLURM_PROCID/SLURM_NTASKS
+ * (srun), SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (a job array, counted
+ * from SLURM_ARRAY_TASK_MIN in steps of SLURM_ARRAY_TASK_STEP). A pair with a
+ * count of 1 is passed over for the next one that counts more. Task i of n
+ * gets contiguous ranks, the first tp % n tasks one more than the others;
+ * when tasks outnumber ranks the last ones get none (nranks 0). */
+typedef struct {
+    int index, count;      /* this process is task `index` of `count` */
+    const char *index_var; /* where they came from, e.g. "SLURM_ARRAY_TASK_ID" (static) */
+    const char *count_var;
+    int first, nranks;     /* its ranks: [first, first + nranks) */
+} tps_task;
+
+/* env: NULL for the process's environment, else "NAME=value" strings ending
+ * with NULL. TPS_E_ARG, naming the variable, when no launcher variable is
+ * set, one of a pair is missing, or a value is not a task number below the
+ * count. */
+tps_err tps_task_from_env(tps_ctx *ctx, char *const *env, int tp, tps_task *t);
+/* The share of task index of count over tp ranks, as above. */
+void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
+
 /* Writes every selected rank's files and the manifest under o->out_dir.
  *
  * By default source bytes are read with pread into buffers. With
@@ -336,7 +361,17 @@ typedef struct {
  * process then fails the split with TPS_E_FORMAT instead of killing the
  * program, and any other SIGBUS is handled as the action it replaced would
  * have (that action is put back on return). Either way, a source whose
- * size or modification time moved since it was opened fails the split. */
+ * size or modification time moved since it was opened fails the split.
+ *
+ * With o->ranks, runs of one split (same source, plan, layout and tp) may
+ * write into one directory at the same time, from one machine or several
+ * sharing a file system: each adds its ranks to the manifest under an flock
+ * of DIR/.tpshard.lock and leaves the other runs' files alone, and the
+ * directory ends with the bytes and the manifest one split of every rank
+ * writes. Until a run has recorded its ranks in the manifest they count as
+ * missing (tps_check_dir). A rank the manifest records is rewritten only
+ * with o->force; an output of another split is replaced only with o->force,
+ * by the first run to get the lock. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 
@@ -349,9 +384,14 @@ typedef struct {
     uint64_t tensors_checked;
     uint64_t bytes_checked;
     char missing_ranks[256]; /* e.g. "1,2,5" or "" */
+    int complete;            /* every rank is written and recorded in the manifest */
 } tps_check_result;
 
-/* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement. */
+/* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement.
+ * A directory that --ranks runs have not finished filling is checked for the
+ * ranks its manifest records, and is not complete: rank files that the
+ * manifest does not record as written (a run still writing, or killed before
+ * it recorded them) count as missing. */
 tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res);
 
 typedef struct {

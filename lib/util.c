@@ -279,12 +279,21 @@ int tps_exists(const char *path)
     return lstat(path, &st) == 0;
 }
 
+/* The host is in the name because split --ranks runs on several machines
+ * write the same files (config.json) into one shared directory, and their
+ * process ids may be the same. */
 char *tps_tmp_name(const char *final_path)
 {
-    const char *slash = strrchr(final_path, '/');
-    if (!slash) return tps_asprintf(".%s.tmp.%d", final_path, (int)getpid());
-    return tps_asprintf("%.*s/.%s.tmp.%d", (int)(slash - final_path), final_path, slash + 1,
-                        (int)getpid());
+    char host[65] = "";
+    if (gethostname(host, sizeof host - 1) != 0) host[0] = 0;
+    for (char *h = host; *h; h++)
+        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') ||
+              *h == '-' || *h == '.'))
+            *h = '_';
+    const char *slash = strrchr(final_path, '/'), *dot = *host ? "." : "";
+    if (!slash) return tps_asprintf(".%s.tmp.%s%s%d", final_path, host, dot, (int)getpid());
+    return tps_asprintf("%.*s/.%s.tmp.%s%s%d", (int)(slash - final_path), final_path, slash + 1,
+                        host, dot, (int)getpid());
 }
 
 tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir)

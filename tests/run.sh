@@ -1,12 +1,15 @@
 #!/bin/sh
 # Runs every test group and ends with one line "N passed, M failed".
-# Usage: tests/run.sh [group...]   groups: unit cli py wheel conformance fuzz
+# Usage: tests/run.sh [group...]   groups: unit cli py wheel conformance fuzz schema
 # Every test prints "ok - name" or "not ok - name"; this script counts them.
+# The tests keep every --json document they make in $TPS_JSON_DIR; the schema
+# group, last, validates them all against docs/schema.
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top" || exit 1
 export TPSHARD="$top/tpshard" TOP="$top"
 export TPS_TMP="${TPS_TMP:-$(mktemp -d "${TMPDIR:-/tmp}/tpshard-test.XXXXXX")}"
-groups="${*:-unit cli py wheel conformance fuzz}"
+export TPS_JSON_DIR="$TPS_TMP/json"
+groups="${*:-unit cli py wheel conformance fuzz schema}"
 log="$TPS_TMP/run.log"; : > "$log"
 
 # A test program that dies (a crash, a signal) or exits non-zero without a
@@ -50,6 +53,14 @@ for g in $groups; do
         fi ;;
   conformance) run conformance sh tests/conformance.sh ;;
   fuzz) for t in build/tests/replay_*; do [ -x "$t" ] && run "$t" "$t"; done ;;
+  # jsonschema comes from the same venv as the oracles.
+  schema) if [ "${TPS_OFFLINE:-0}" = 1 ]; then
+            echo "skip - json schema validation: TPS_OFFLINE=1 (it needs jsonschema from PyPI)" | tee -a "$log"
+          elif why=$(sh tests/py/venv.sh 2>&1); then
+            run "json schema" "$top/build/venv/bin/python" tests/py/check_json_docs.py "$TPS_JSON_DIR"
+          else
+            echo "not ok - json schema validation: $(echo "$why" | tail -n 1) (run once with network, or set TPS_OFFLINE=1 to skip it)" | tee -a "$log"
+          fi ;;
   esac
 done
 pass=$(grep -c '^ok ' "$log"); fail=$(grep -c '^not ok ' "$log")

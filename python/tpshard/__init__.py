@@ -475,8 +475,9 @@ def check(dir: PathLike) -> Dict[str, Any]:
 
     Returns:
         The document: ok, schema_version, dir, tp, ranks_present,
-        missing_ranks ("1,2,5" or ""), files_checked, tensors_checked and
-        bytes_checked.
+        missing_ranks ("1,2,5" or ""), complete (False for a directory that
+        split(ranks=...) runs have not finished: the command exits 3 then),
+        files_checked, tensors_checked and bytes_checked.
 
     Raises:
         tpshard.Error: a file that disagrees with the manifest (MISMATCH),

@@ -19,8 +19,26 @@ notok() { echo "not ok - $*"; FAILS=$((FAILS + 1)); }
 diag() { sed 's/^/#   /' "$@" | head -n 20; }
 
 # tps ARGS...: the binary, under valgrind when VALGRIND=1, or timeout(1) when
-# TPS_TIMEOUT is set (a hang becomes exit 124).
+# TPS_TIMEOUT is set (a hang becomes exit 124). With TPS_JSON_DIR set (tests/run.sh
+# sets it), the standard output of every --json run is also kept there, with
+# its arguments (NAME.args) and exit status (NAME.rc), for the schema test
+# (tests/py/check_json_docs.py).
 tps() {
+  if [ -n "${TPS_JSON_DIR:-}" ]; then
+    for _tps_a in "$@"; do
+      [ "$_tps_a" = --json ] || continue
+      mkdir -p "$TPS_JSON_DIR" && _tps_j=$(mktemp "$TPS_JSON_DIR/$(basename "$0" .sh).XXXXXX") || break
+      printf '%s\n' "$@" >"$_tps_j.args"
+      _tps_st=0
+      tps_exec "$@" >"$_tps_j" || _tps_st=$?
+      echo "$_tps_st" >"$_tps_j.rc"
+      cat "$_tps_j"
+      return "$_tps_st"
+    done
+  fi
+  tps_exec "$@"
+}
+tps_exec() {
   if [ "${VALGRIND:-0}" = 1 ]; then
     valgrind -q --error-exitcode=99 --leak-check=full --show-leak-kinds=definite --errors-for-leak-kinds=definite \
       "$TPSHARD" "$@"

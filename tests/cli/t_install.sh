@@ -10,10 +10,11 @@ else
 fi
 missing=""
 for f in bin/tpshard lib/libtpshard.a include/tpshard.h lib/pkgconfig/tpshard.pc \
-         share/man/man1/tpshard.1 share/man/man1/tpshard-split.1 share/man/man5/tpshard-plan.5; do
+         share/man/man1/tpshard.1 share/man/man1/tpshard-split.1 share/man/man5/tpshard-plan.5 \
+         share/tpshard/schema/check.schema.json share/tpshard/schema/error.schema.json; do
   [ -f "$D/usr/local/$f" ] || missing="$missing $f"
 done
-[ -z "$missing" ] && ok "installs binary, library, header, pkg-config file, man pages" || notok "missing:$missing"
+[ -z "$missing" ] && ok "installs binary, library, header, pkg-config file, man pages, JSON schemas" || notok "missing:$missing"
 
 # A program against the installed header and library, found through pkg-config.
 cat > "$T/use.c" <<'C'

@@ -62,13 +62,16 @@ expect_exit 0 "no config with --family llama" -- tps split "$T/nocfg" --tp 2 -o 
 expect_exit 1 "unknown family" -- tps split "$L" --tp 2 --family nope -o "$T/nf"
 expect_stderr_has "llama" "unknown family lists the known ones"
 
-# --ranks: only those files; check reports the rest missing; merge refuses.
+# --ranks: only those files; check reports the directory partial (exit 3)
+# and names the ranks missing; merge refuses.
 expect_exit 0 "--ranks 1,3" -- tps split "$L" --tp 4 --ranks 1,3 -o "$T/part"
 n=$(ls "$T/part"/model-rank-*.safetensors | wc -l)
 [ "$n" = 2 ] && [ -f "$T/part/model-rank-3-part-0.safetensors" ] && ok "--ranks writes only those ranks" ||
   notok "--ranks wrote $n files"
-expect_exit 0 "check a --ranks directory" -- tps check "$T/part"
+expect_exit 3 "check of a --ranks directory: partial, exit 3" -- tps check "$T/part"
 expect_stdout_has "0,2" "check names the ranks not written"
+grep -q '^partial: ' "$OUT" && ! grep -q '^ok' "$OUT" && ok "check says partial, never ok" ||
+  { notok "check says partial, never ok"; diag "$OUT"; }
 expect_exit 1 "merge refuses missing ranks" -- tps merge "$T/part" -o "$T/pm"
 expect_stderr_has "missing" "merge says ranks are missing"
 # Another machine writes the other ranks into the same directory.

@@ -38,6 +38,9 @@ except ImportError as e:  # pragma: no cover
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import gen  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jsonlog  # noqa: E402
+
 # safetensors dtype -> numpy dtype of the same width used to compare bytes
 NP_VIEW = {"BOOL": np.uint8, "U8": np.uint8, "I8": np.int8, "F8_E5M2": np.uint8,
            "F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "F8_E4M3FNUZ": np.uint8,
@@ -58,6 +61,7 @@ def report(ok, name, why=""):
 
 def tps(*args):
     p = subprocess.run([TPSHARD, *map(str, args)], capture_output=True, text=True, timeout=300)
+    jsonlog.save(args, p)
     return p.returncode, p.stdout, p.stderr
 
 

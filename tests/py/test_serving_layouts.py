@@ -44,6 +44,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import gen  # noqa: E402
 import serving_oracle as so  # noqa: E402
+import jsonlog  # noqa: E402
 
 BOTH = ("vllm", "sglang")
 
@@ -108,6 +109,7 @@ def report(ok, name, why=""):
 
 def tps(*args):
     p = subprocess.run([TPSHARD, *map(str, args)], capture_output=True, text=True, timeout=120)
+    jsonlog.save(args, p)
     return p.returncode, p.stdout, p.stderr
 
 

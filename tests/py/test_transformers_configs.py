@@ -21,6 +21,9 @@ import subprocess
 import sys
 import tempfile
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import jsonlog  # noqa: E402
+
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
@@ -53,6 +56,7 @@ def report(ok, name, why=""):
 
 def tps(*args):
     p = subprocess.run([TPSHARD, *map(str, args)], capture_output=True, text=True, timeout=300)
+    jsonlog.save(args, p)
     return p.returncode, p.stdout, p.stderr
 
 
