@@ -5,6 +5,9 @@
  *   gen_llama OUTDIR --size SIZE [--hidden H] [--heads N] [--kv-heads N]
  *             [--head-dim D] [--intermediate I] [--vocab V] [--layers L]
  *             [--index PARTS] [--f32-norms] [--tied] [--seed S] [-q]
+ *             [--fp8] [--experts E [--moe-intermediate I]]
+ * (--fp8: linear weights F8_E4M3 with 128x128 block scales, quant_method fp8;
+ *  --experts: Qwen3-MoE shaped, E experts a layer of intermediate size I)
  *
  * Writes OUTDIR/config.json (LlamaForCausalLM), OUTDIR/generation_config.json
  * and either OUTDIR/model.safetensors or, with --index PARTS,
@@ -136,7 +139,8 @@ static int measure(int argc, char **argv) {
 
 typedef struct {
     char name[96];
-    int f32;          /* 1: F32, 0: BF16 */
+    int f32;          /* 1: F32, 0: BF16 (or F8_E4M3 when f8) */
+    int f8;           /* F8_E4M3 (--fp8): 1 byte an element */
     int norm;         /* fill ~1.0 instead of small weights */
     int ndim;
     uint64_t shape[2];
@@ -147,6 +151,8 @@ typedef struct {
 
 static tensor_t *T;
 static int nT, capT;
+
+static int g_fp8; /* --fp8: linear weights F8_E4M3 with 128x128 block scales */
 
 static tensor_t *add(const char *name, int ndim, uint64_t d0, uint64_t d1, int f32, int norm) {
     if (nT == capT) {
@@ -164,6 +170,18 @@ static tensor_t *add(const char *name, int ndim, uint64_t d0, uint64_t d1, int f
     t->norm = norm;
     t->nbytes = (ndim == 1 ? d0 : d0 * d1) * (f32 ? 4 : 2);
     return t;
+}
+
+/* A linear layer's weight: BF16, or with --fp8 F8_E4M3 and its block scales
+ * weight_scale_inv [ceil(out/128), ceil(in/128)] F32 (DeepSeek/Qwen3-FP8 style). */
+static void add_linear(const char *name, uint64_t out, uint64_t in) {
+    tensor_t *t = add(name, 2, out, in, 0, 0);
+    if (!g_fp8) return;
+    t->f8 = 1;
+    t->nbytes = out * in;
+    char sn[112];
+    snprintf(sn, sizeof sn, "%s_scale_inv", name);
+    add(sn, 2, (out + 127) / 128, (in + 127) / 128, 1, 1);
 }
 
 static uint64_t parse_size(const char *s) {
@@ -195,7 +213,8 @@ static long parse_long(const char *opt, const char *s) {
 /* sort: dtype alignment descending (F32 before BF16), then name bytewise */
 static int cmp_tensor(const void *a, const void *b) {
     const tensor_t *x = *(tensor_t *const *)a, *y = *(tensor_t *const *)b;
-    if (x->f32 != y->f32) return y->f32 - x->f32;
+    int ax = x->f32 ? 4 : x->f8 ? 1 : 2, ay = y->f32 ? 4 : y->f8 ? 1 : 2;
+    if (ax != ay) return ay - ax;
     return strcmp(x->name, y->name);
 }
 
@@ -318,7 +337,8 @@ static uint64_t write_part(const char *path, int p, rng_t *rng, unsigned char *b
     for (int i = 0; i < k; i++) {
         tensor_t *t = v[i];
         t->off = off;
-        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name, t->f32 ? "F32" : "BF16");
+        sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
+                  t->f32 ? "F32" : t->f8 ? "F8_E4M3" : "BF16");
         if (t->ndim == 1) sb_printf(&h, "%" PRIu64, t->shape[0]);
         else sb_printf(&h, "%" PRIu64 ",%" PRIu64, t->shape[0], t->shape[1]);
         sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + t->nbytes);
@@ -354,6 +374,9 @@ static uint64_t write_part(const char *path, int p, rng_t *rng, unsigned char *b
             size_t c = left < room ? (size_t)left : room;
             if (t->norm) fill_norm(rng, buf + fill, c, t->f32);
             else fill_weights(rng, buf + fill, c);
+            if (t->f8) /* E4M3: the bytes of bf16 weights, less the two NaN codes */
+                for (size_t j = 0; j < c; j++)
+                    if ((buf[fill + j] & 0x7F) == 0x7F) buf[fill + j] ^= 0x01;
             fill += c;
             left -= c;
             if (fill == CHUNK) { write_all(fd, buf, fill, tmp); fill = 0; }
@@ -373,6 +396,7 @@ static void usage(FILE *f) {
         "usage: gen_llama OUTDIR --size SIZE [--hidden H] [--heads N] [--kv-heads N]\n"
         "                 [--head-dim D] [--intermediate I] [--vocab V] [--layers L]\n"
         "                 [--index PARTS] [--f32-norms] [--tied] [--seed S] [-q]\n"
+        "                 [--fp8] [--experts E [--moe-intermediate I]]\n"
         "       gen_llama --measure [-o FILE] -- CMD [ARGS...]\n");
 }
 
@@ -387,6 +411,7 @@ int main(int argc, char **argv) {
     long hidden = 2048, heads = 0, kv = 0, head_dim = 0, inter = 0, vocab = 32000, layers = -1;
     long parts = 0, seed = 1;
     int f32_norms = 0, tied = 0, quiet = 0, vocab_set = 0;
+    long experts = 0, moe_inter = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
 #define NEXT() (i + 1 < argc ? argv[++i] : (die("option %s needs a value", a), ""))
@@ -402,6 +427,9 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--seed") == 0) seed = parse_long(a, NEXT());
         else if (strcmp(a, "--f32-norms") == 0) f32_norms = 1;
         else if (strcmp(a, "--tied") == 0) tied = 1;
+        else if (strcmp(a, "--fp8") == 0) g_fp8 = 1;
+        else if (strcmp(a, "--experts") == 0) experts = parse_long(a, NEXT());
+        else if (strcmp(a, "--moe-intermediate") == 0) moe_inter = parse_long(a, NEXT());
         else if (strcmp(a, "-q") == 0) quiet = 1;
         else if (a[0] == '-' && a[1]) { usage(stderr); die("unknown option %s", a); }
         else if (!outdir) outdir = a;
@@ -415,11 +443,16 @@ int main(int argc, char **argv) {
     if (!kv) kv = heads >= 32 ? 8 : (heads / 4 ? heads / 4 : 1);
     if (!inter) inter = ((hidden * 8 / 3) + 255) / 256 * 256;
     if (heads <= 0 || kv <= 0 || heads % kv) die("%s", "heads must be a multiple of kv-heads");
+    if (experts && !moe_inter) moe_inter = inter / 4 > 0 ? inter / 4 : 1;
 
     uint64_t H = (uint64_t)hidden, I = (uint64_t)inter, D = (uint64_t)head_dim;
     uint64_t q_out = (uint64_t)heads * D, kv_out = (uint64_t)kv * D;
     uint64_t nb = f32_norms ? 4 : 2;
-    uint64_t per_layer = 2 * (q_out * H * 2 + kv_out * H * 2) + 3 * I * H * 2 + 2 * H * nb;
+    uint64_t wb = g_fp8 ? 1 : 2; /* bytes a linear weight element */
+    uint64_t mlp = experts ? (uint64_t)experts * 3 * (uint64_t)moe_inter * H * wb + (uint64_t)experts * H * 2
+                           : 3 * I * H * wb;
+    uint64_t per_layer = 2 * (q_out * H * wb + kv_out * H * wb) + mlp + 2 * H * nb +
+                         (experts ? 2 * D * 2 : 0);
     uint64_t fixed_per_vocab = (tied ? 1 : 2) * H * 2;
     if (layers < 0) {
         uint64_t fixed = (uint64_t)vocab * fixed_per_vocab + H * nb;
@@ -449,14 +482,30 @@ int main(int argc, char **argv) {
     for (long l = 0; l < layers; l++) {
 #define L(s) (snprintf(nm, sizeof nm, "model.layers.%ld.%s", l, s), nm)
         add(L("input_layernorm.weight"), 1, H, 0, f32_norms, 1);
-        add(L("mlp.down_proj.weight"), 2, H, I, 0, 0);
-        add(L("mlp.gate_proj.weight"), 2, I, H, 0, 0);
-        add(L("mlp.up_proj.weight"), 2, I, H, 0, 0);
+        if (experts) { /* Qwen3-MoE: router and experts; q_norm/k_norm */
+            uint64_t MI = (uint64_t)moe_inter;
+            add(L("mlp.gate.weight"), 2, (uint64_t)experts, H, 0, 0);
+            for (long e = 0; e < experts; e++) {
+                char en[96];
+                snprintf(en, sizeof en, "model.layers.%ld.mlp.experts.%ld.down_proj.weight", l, e);
+                add_linear(en, H, MI);
+                snprintf(en, sizeof en, "model.layers.%ld.mlp.experts.%ld.gate_proj.weight", l, e);
+                add_linear(en, MI, H);
+                snprintf(en, sizeof en, "model.layers.%ld.mlp.experts.%ld.up_proj.weight", l, e);
+                add_linear(en, MI, H);
+            }
+            add(L("self_attn.q_norm.weight"), 1, D, 0, f32_norms, 1);
+            add(L("self_attn.k_norm.weight"), 1, D, 0, f32_norms, 1);
+        } else {
+            add_linear(L("mlp.down_proj.weight"), H, I);
+            add_linear(L("mlp.gate_proj.weight"), I, H);
+            add_linear(L("mlp.up_proj.weight"), I, H);
+        }
         add(L("post_attention_layernorm.weight"), 1, H, 0, f32_norms, 1);
-        add(L("self_attn.k_proj.weight"), 2, kv_out, H, 0, 0);
-        add(L("self_attn.o_proj.weight"), 2, H, q_out, 0, 0);
-        add(L("self_attn.q_proj.weight"), 2, q_out, H, 0, 0);
-        add(L("self_attn.v_proj.weight"), 2, kv_out, H, 0, 0);
+        add_linear(L("self_attn.k_proj.weight"), kv_out, H);
+        add_linear(L("self_attn.o_proj.weight"), H, q_out);
+        add_linear(L("self_attn.q_proj.weight"), q_out, H);
+        add_linear(L("self_attn.v_proj.weight"), kv_out, H);
 #undef L
     }
     add("model.norm.weight", 1, H, 0, f32_norms, 1);
@@ -482,10 +531,17 @@ int main(int argc, char **argv) {
 
     if (mkdir(outdir, 0755) != 0 && errno != EEXIST) die("cannot create %s", outdir);
 
+    char moe_cfg[512] = "";
+    if (experts)
+        snprintf(moe_cfg, sizeof moe_cfg,
+                 "  \"num_experts\": %ld,\n  \"moe_intermediate_size\": %ld,\n"
+                 "  \"num_experts_per_tok\": 8,\n  \"decoder_sparse_step\": 1,\n"
+                 "  \"mlp_only_layers\": [],\n  \"norm_topk_prob\": true,\n",
+                 experts, moe_inter);
     sbuf c = {0};
     sb_printf(&c,
         "{\n"
-        "  \"architectures\": [\n    \"LlamaForCausalLM\"\n  ],\n"
+        "  \"architectures\": [\n    \"%s\"\n  ],\n"
         "  \"attention_bias\": false,\n"
         "  \"attention_dropout\": 0.0,\n"
         "  \"bos_token_id\": 1,\n"
@@ -497,7 +553,7 @@ int main(int argc, char **argv) {
         "  \"intermediate_size\": %ld,\n"
         "  \"max_position_embeddings\": 4096,\n"
         "  \"mlp_bias\": false,\n"
-        "  \"model_type\": \"llama\",\n"
+        "  \"model_type\": \"%s\",\n"
         "  \"num_attention_heads\": %ld,\n"
         "  \"num_hidden_layers\": %ld,\n"
         "  \"num_key_value_heads\": %ld,\n"
@@ -509,9 +565,15 @@ int main(int argc, char **argv) {
         "  \"torch_dtype\": \"bfloat16\",\n"
         "  \"transformers_version\": \"4.44.2\",\n"
         "  \"use_cache\": true,\n"
+        "%s%s"
         "  \"vocab_size\": %ld\n"
         "}\n",
-        head_dim, hidden, inter, heads, layers, kv, tied ? "true" : "false", vocab);
+        experts ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM", head_dim, hidden, inter,
+        experts ? "qwen3_moe" : "llama", heads, layers, kv, tied ? "true" : "false",
+        moe_cfg, g_fp8 ? "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+                         "\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+                         "\"weight_block_size\": [128, 128]},\n" : "",
+        vocab);
     write_text(outdir, "config.json", c.s);
     write_text(outdir, "generation_config.json",
                "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"

@@ -8,7 +8,9 @@
 #   make           a fallback GNU make;
 #   tpshard        a `make CUDA=1` build made here, used only when the build
 #                  on the GPU machine fails (run.sh says so);
-#   gen_llama      bench/gen_llama.c built here (likewise a fallback).
+#   gen_llama      bench/gen_llama.c built here (likewise a fallback);
+#   models/        tiny FP8, Phi-3 and MoE checkpoints from the tests' oracles,
+#                  each with the split run.sh checks (the GPU machine may lack numpy).
 # Run it from the repository root on a Debian/Ubuntu machine with apt-get and
 # the CUDA toolkit; then send .gpu/ along with the tree.
 set -eu
@@ -30,5 +32,34 @@ trap 'rm -rf "$b"' EXIT
 git ls-files -z | xargs -0 cp --parents -t "$b"
 (cd "$b" && make -s -j"$(nproc)" CUDA=1 CUDA_HOME="$cuda" tpshard build/gen_llama >/dev/null)
 cp "$b/tpshard" "$b/build/gen_llama" "$out/"
+# Tiny FP8 and mixture-of-experts/Phi-3 checkpoints, made here by the tests'
+# oracles (numpy), each with the split to check in its "args" file
+# (TP LAYOUT [--ep]): run.sh checks cuda = cpu on each.
+py=$top/build/venv/bin/python
+[ -x "$py" ] || { echo "prepare: build/venv is missing: run make test first" >&2; exit 1; }
+mkdir -p "$out/models"
+(cd "$top/tests/py" && "$py" - "$out/models" <<'PY'
+import os, sys
+import quant_oracle as q, family_oracle as fo
+o = sys.argv[1]
+def case(name, args, make):
+    d = os.path.join(o, name)
+    make(d)
+    open(os.path.join(d, "args"), "w").write(args + "\n")
+case("fp8-block-vllm4", "4 vllm", lambda d: q.make_model(d, "fp8-block-llama"))
+case("fp8-block-dtensor2", "2 dtensor", lambda d: q.make_model(d, "fp8-block-llama"))
+case("fp8-e8m0-sglang2", "2 sglang", lambda d: q.make_model(d, "fp8-block-h320-e8m0"))
+case("ct-channel-vllm2", "2 vllm", lambda d: q.make_model(d, "ct-channel-qwen3"))
+case("ct-tensor-vllm4", "4 vllm", lambda d: q.make_model(d, "ct-tensor-static-llama"))
+case("phi3-vllm4", "4 vllm", lambda d: fo.phi3_checkpoint(d))
+case("phi3-dtensor3", "3 dtensor", lambda d: fo.phi3_checkpoint(d))
+case("qwen3moe-vllm2", "2 vllm", lambda d: fo.qwen3_moe_checkpoint(d))
+case("qwen3moe-vllm4-ep", "4 vllm --ep", lambda d: fo.qwen3_moe_checkpoint(d))
+case("qwen3moe-sglang2", "2 sglang", lambda d: fo.qwen3_moe_checkpoint(d))
+case("qwen3moe-dtensor2", "2 dtensor", lambda d: fo.qwen3_moe_checkpoint(d))
+case("mixtral-vllm2", "2 vllm", lambda d: fo.mixtral_checkpoint(d))
+case("mixtral-sglang4-ep", "4 sglang --ep", lambda d: fo.mixtral_checkpoint(d))
+PY
+)
 ls -l "$out"
 du -sh "$out"

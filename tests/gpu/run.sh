@@ -13,8 +13,10 @@
 #      `tpshard --version` shows the backends;
 #   2. tiny checkpoints (every conformance split case in its layout, every
 #      family of testdata/gen.py, the vllm and sglang layouts with replicated
-#      KV heads and a padded vocabulary, F16/F32/F8 weights): verify --backend
-#      cuda passes and agrees with --backend cpu check by check;
+#      KV heads and a padded vocabulary, F16/F32/F8 weights, block-FP8 and
+#      compressed-tensors checkpoints with their scales, Phi-3's packed
+#      projections, Qwen3-MoE and Mixtral experts with and without --ep):
+#      verify --backend cuda passes and agrees with --backend cpu check by check;
 #   3. a big synthetic Llama-shaped bf16 checkpoint (GPU_BIG, default 8G,
 #      smaller if the scratch disk is short) split at tp 2, 4 and 8: cuda
 #      passes, agrees with cpu on every check, GB/s of shard bytes (the bar:
@@ -189,11 +191,18 @@ for fam in llama qwen2 qwen3 gemma3 gemma4; do
 done
 for lay in vllm sglang; do # serving layouts: fused tensors, replicated KV heads, padding
   for tp in 4 8; do
-    python3 testdata/gen.py llama "$W/s-$lay-$tp" --kv-heads 2 --vocab 250 --seed 5 >/dev/null &&
+    python3 testdata/gen.py llama "$W/s-$lay-$tp" --heads 8 --kv-heads 2 --vocab 250 --seed 5 >/dev/null &&
       "$TPS" split "$W/s-$lay-$tp" --tp $tp --layout $lay -o "$W/s-$lay-$tp-s" -q ||
       { step "make $lay tp $tp" false; continue; }
-    step "cuda = cpu on llama, layout $lay, tp $tp (2 KV heads, vocab 250)" tiny "$W/s-$lay-$tp-s" "$W/s-$lay-$tp"
+    step "cuda = cpu on llama, layout $lay, tp $tp (8 heads, 2 KV heads, vocab 250)" tiny "$W/s-$lay-$tp-s" "$W/s-$lay-$tp"
   done
+done
+for c in .gpu/models/*/; do # FP8 scales, packed Phi-3, stacked experts (prepare.sh made them)
+  [ -f "$c/args" ] || continue
+  c=${c%/}; name=$(basename "$c")
+  read -r tp lay ep <"$c/args"
+  "$TPS" split "$c" --tp "$tp" --layout "$lay" $ep -o "$W/q-$name" -q || { step "split $name" false; continue; }
+  step "cuda = cpu on $name (tp $tp, layout $lay${ep:+, $ep})" tiny "$W/q-$name" "$c"
 done
 sed '/^checks:/,$d' plans/llama.yaml >"$W/nocheck.yaml"
 for dt in F16 F32 F8_E4M3; do
@@ -266,6 +275,21 @@ for tp in 2 4 8; do
 done
 "$TPS" split "$M1" --tp 8 --layout vllm -o "$W/m1-vllm" -q || step "split 1G --layout vllm" false
 step "cuda = cpu on 1 GiB llama, layout vllm, tp 8" tiny "$W/m1-vllm" "$M1"
+# block FP8 (scales widened to F32 in the vllm layout) and a Qwen3-MoE with 64
+# experts a layer, stacked at tp 8 and expert-parallel
+if [ "$(remaining)" -gt 60 ]; then
+  "$GEN" "$W/f8" --size 1G --fp8 --head-dim 128 --kv-heads 8 --intermediate 8192 -q >/dev/null && "$TPS" split "$W/f8" --tp 8 --layout vllm -o "$W/f8-vllm" -q &&
+    step "cuda = cpu on 1 GiB block-FP8 llama, layout vllm, tp 8" tiny "$W/f8-vllm" "$W/f8" ||
+    step "make the 1 GiB FP8 model" false
+  rm -rf "$W/f8" "$W/f8-vllm"
+  "$GEN" "$W/moe" --size 1G --experts 64 --moe-intermediate 256 --hidden 2048 -q >/dev/null &&
+    "$TPS" split "$W/moe" --tp 8 --layout vllm -o "$W/moe-tp" -q &&
+    "$TPS" split "$W/moe" --tp 8 --layout vllm --ep -o "$W/moe-ep" -q &&
+    step "cuda = cpu on a 1 GiB Qwen3-MoE (64 experts), layout vllm, tp 8" tiny "$W/moe-tp" "$W/moe" &&
+    step "cuda = cpu on the same MoE, layout vllm, tp 8 --ep" tiny "$W/moe-ep" "$W/moe" ||
+    step "make the 1 GiB MoE model" false
+  rm -rf "$W/moe" "$W/moe-tp" "$W/moe-ep"
+fi
 [ -f "$W/m1-vllm.cuda.json" ] && figure "1 GiB vllm tp 8 --backend cuda: $(gbs "$W/m1-vllm.cuda.json"); cpu: $(gbs "$W/m1-vllm.cpu.json")"
 rm -rf "$W/m1-vllm"
 flip() { # FILE: flips a mantissa bit in the middle of rank 3's first sharded up_proj; prints it
