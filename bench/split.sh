@@ -17,7 +17,8 @@
 # Environment: BENCH_DIR (default /dev/shm/tpshard-bench), PAIRS (6),
 # TP (8), RANK (3), RSS_SMALL (256M; empty to skip), WARMUP (1: one untimed
 # split and cp first), LAYOUT (dtensor; vllm or sglang: every split writes
-# that layout), TPSHARD, KEEP (see bench/common.sh).
+# that layout), SPLIT_OPTS (more split options, e.g. --ep), TPSHARD, KEEP,
+# GEN_OPTS (gen_llama options: --fp8, --experts E; see bench/common.sh).
 . "$(dirname "$0")/common.sh"
 
 PAIRS=${PAIRS:-6}
@@ -51,7 +52,8 @@ cores() { calc "($M_user_s + $M_sys_s) / $M_wall_s"; echo; }
 
 run_split() { # LABEL OUTDIR [extra split options]
 	_l=$1; _o=$2; shift 2
-	measure "$_l" "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" -o "$_o" --force -q "$@"
+	# shellcheck disable=SC2086  # SPLIT_OPTS is a list of options
+	measure "$_l" "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" ${SPLIT_OPTS:-} -o "$_o" --force -q "$@"
 }
 
 # ---------------------------------------------------------------- flat RSS
@@ -132,7 +134,8 @@ for S in $SIZES; do
 	r_best=$(calc "$sb / $cb"); r_med=$(calc "$sm / $cm")
 	t_best=$(calc "$tb / $cb"); t_med=$(calc "$tm / $cm")
 	gbs=$(calc "$BYTES / 1e9 / $sb"); cgbs=$(calc "$BYTES / 1e9 / $cb")
-	trss=$(time_rss "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" -o "$OUT" --force -q); rm -rf "$OUT"
+	# shellcheck disable=SC2086
+	trss=$(time_rss "$TPSHARD" split "$M" --tp "$TP" --layout "$LAYOUT" ${SPLIT_OPTS:-} -o "$OUT" --force -q); rm -rf "$OUT"
 	say "  input:            $BYTES bytes ($(gib "$BYTES") GiB)"
 	say "  cp:               best $(fmt "$cb" 3) s, median $(fmt "$cm" 3) s ($(fmt "$cgbs" 2) GB/s), CPU/wall median $(fmt "$(median "$RUN/cores-cp")" 2)"
 	say "  split:            best $(fmt "$sb" 3) s, median $(fmt "$sm" 3) s ($(fmt "$gbs" 2) GB/s), CPU/wall median $(fmt "$(median "$RUN/cores-split")" 2), --threads 1 $(fmt "$(median "$RUN/cores-t1")" 2)"

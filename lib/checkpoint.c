@@ -621,6 +621,10 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         ck->files[fi].rank = rk->valueint;
         ck->rank_present[rk->valueint] = 1;
         TPS_CHECK(index_by_name(ctx, &ck->files[fi]));
+        /* A rank file's header text is not needed once parsed (a source
+         * file's is: merge gives it back); 4 MB a rank for 18,867 tensors. */
+        free(ck->files[fi].st->raw);
+        ck->files[fi].st->raw = NULL;
     }
     /* The files of each rank, so a lookup scans only that rank's parts:
      * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */

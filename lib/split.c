@@ -23,6 +23,7 @@
 
 #define CHUNK (4u << 20) /* bytes a task moves; two buffers of it per thread */
 #define SUB (256u << 10) /* bytes moved per read/CRC/write step of a contiguous task */
+#define MULTI_MAX (1u << 20) /* regions smaller than this share tasks (MULTI) */
 /* Tasks reading less than this use pread: below it the mmap and munmap cost
  * more than the copy they save (see run_task). Tests lower it to reach the
  * mapped path with tiny models. */
@@ -47,12 +48,14 @@ typedef struct {
     uint64_t off;
 } oslot;
 
-typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1 } task_kind;
+typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2 } task_kind;
 
 /* CONTIG: bytes [a, b) of one region, which are one run of its source
  * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
  * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
- * slices of each row. */
+ * slices of each row. MULTI: regions g0 .. g0 + ng, each one run of its
+ * tensor, lying back to back in source file `file` from byte `src` on, b
+ * bytes in all: small tensors (a MoE's experts) read in one go. */
 typedef struct {
     task_kind kind;
     size_t t;        /* source tensor */
@@ -60,6 +63,7 @@ typedef struct {
     uint64_t a, b;
     uint64_t src;    /* CONTIG: source byte of a */
     int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
+    int file;        /* MULTI: the source file */
     size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
 } task;
 
@@ -147,6 +151,36 @@ static tps_err plan_tasks(engine *E)
         uint64_t outer, row, s, l;
         tps_region_geom(E->ck, rg, &outer, &row, &s, &l);
         if (outer == 1 || l == row) {
+            /* Small runs back to back in one file: one task, one read (a
+             * mapping or a pread each cost more than a small copy). */
+            int f0;
+            uint64_t fo0;
+            if (region_written(E, g) && rg->nbytes && rg->nbytes < MULTI_MAX &&
+                tps_ckpt_locate(E->ck, rg->src, s, rg->nbytes, &f0, &fo0)) {
+                size_t ng = 1;
+                uint64_t total = rg->nbytes;
+                while (g + ng < L->nregions) {
+                    const tps_region *r2 = &L->regions[g + ng];
+                    uint64_t o2, w2, s2, l2;
+                    int f2;
+                    uint64_t fo2;
+                    tps_region_geom(E->ck, r2, &o2, &w2, &s2, &l2);
+                    if (!(o2 == 1 || l2 == w2) || !region_written(E, g + ng) || !r2->nbytes ||
+                        r2->nbytes >= MULTI_MAX || total + r2->nbytes > CHUNK ||
+                        !tps_ckpt_locate(E->ck, r2->src, s2, r2->nbytes, &f2, &fo2) || f2 != f0 ||
+                        fo2 != fo0 + total)
+                        break;
+                    total += r2->nbytes;
+                    ng++;
+                }
+                if (ng > 1) {
+                    TPS_TRY(add_task(E, (task){.kind = TASK_MULTI, .t = rg->src, .g0 = g, .ng = ng,
+                                               .a = 0, .b = total, .src = fo0, .file = f0}, ng));
+                    E->total += total;
+                    g += ng;
+                    continue;
+                }
+            }
             /* One run of the source: [s, s + l) of the only row, or whole rows. */
             if (region_written(E, g))
                 for (uint64_t a = 0; a < rg->nbytes; a += CHUNK) {
@@ -220,6 +254,24 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
     tps_ctx *ctx = E->ctx;
     const tps_ckpt *ck = E->ck;
     const tps_layout *L = E->L;
+    if (tk->kind == TASK_MULTI) {
+        const tps_cfile *sf = &ck->files[tk->file];
+        const char *p = src;
+        if (!p) {
+            TPS_TRY(tps_pread_full(ctx, sf->fd, sf->path, in, (size_t)tk->b, tk->src));
+            p = in;
+        }
+        (void)src_path;
+        for (size_t k = 0; k < tk->ng; k++) {
+            size_t g = tk->g0 + k;
+            size_t n = (size_t)L->regions[g].nbytes;
+            E->crcs[tk->crc0 + k] = (uint32_t)tps_crc32(0, p, n);
+            E->crclen[tk->crc0 + k] = n;
+            for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) TPS_TRY(write_piece(E, E->dests[d], p, n, 0));
+            p += n;
+        }
+        return TPS_OK;
+    }
     if (tk->kind == TASK_CONTIG) {
         /* In sub-chunks that stay in L2, so each byte comes from memory once
          * and the CRC reads it cache-hot. From a mapping, the write comes
@@ -318,9 +370,15 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out)
 {
     uint64_t off, len, foff;
     int file;
-    if (!task_range(E, tk, &off, &len) || !E->map || len < tps_split_map_min ||
-        !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff))
+    if (tk->kind == TASK_MULTI) {
+        file = tk->file;
+        foff = tk->src;
+        len = tk->b;
+        if (!E->map || len < tps_split_map_min) return run_task_on(E, tk, NULL, NULL, in, out);
+    } else if (!task_range(E, tk, &off, &len) || !E->map || len < tps_split_map_min ||
+               !tps_ckpt_locate(E->ck, tk->t, off, len, &file, &foff)) {
         return run_task_on(E, tk, NULL, NULL, in, out);
+    }
     uint64_t base = foff & ~(uint64_t)(E->page - 1);
     size_t mlen = (size_t)(foff + len - base);
     char *const m =
@@ -388,14 +446,20 @@ static void run_all(engine *E)
                 continue;
             }
             const task *tk = &E->tasks[i];
-            uint64_t moved = tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
-            if (tk->kind == TASK_ROWS)
-                for (size_t k = 0; k < tk->ng; k++) moved += E->crclen[tk->crc0 + k];
-            uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
-            /* One caller at a time, whichever thread is free. */
-            if (E->ctx->progress && !__atomic_exchange_n(&E->reporting, 1, __ATOMIC_ACQUIRE)) {
-                E->ctx->progress(E->ctx->progress_user, done, E->total, E->ck->t[tk->t].name);
-                __atomic_store_n(&E->reporting, 0, __ATOMIC_RELEASE);
+            /* a MULTI task says each of its tensors in turn */
+            size_t nsay = tk->kind == TASK_MULTI ? tk->ng : 1;
+            for (size_t k = 0; k < nsay; k++) {
+                uint64_t moved = tk->kind == TASK_MULTI ? E->crclen[tk->crc0 + k]
+                                 : tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
+                if (tk->kind == TASK_ROWS)
+                    for (size_t j = 0; j < tk->ng; j++) moved += E->crclen[tk->crc0 + j];
+                size_t t = tk->kind == TASK_MULTI ? E->L->regions[tk->g0 + k].src : tk->t;
+                uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
+                /* One caller at a time, whichever thread is free. */
+                if (E->ctx->progress && !__atomic_exchange_n(&E->reporting, 1, __ATOMIC_ACQUIRE)) {
+                    E->ctx->progress(E->ctx->progress_user, done, E->total, E->ck->t[t].name);
+                    __atomic_store_n(&E->reporting, 0, __ATOMIC_RELEASE);
+                }
             }
         }
         free(in);
