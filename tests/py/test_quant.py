@@ -40,7 +40,6 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.environ.get("TOP") or os.path.dirname(os.path.dirname(HERE))
 TPSHARD = os.environ.get("TPSHARD") or os.path.join(TOP, "tpshard")
-FAILS = 0
 
 try:
     import numpy as np  # noqa: F401  (quant_oracle needs it)
@@ -52,6 +51,8 @@ except ImportError as e:  # pragma: no cover
 sys.path.insert(0, HERE)
 import quant_oracle as qo  # noqa: E402
 import serving_oracle as so  # noqa: E402
+import ranktest  # noqa: E402
+from ranktest import RANK_FILE, compare, first_diff, report  # noqa: E402,F401
 
 TMP = tempfile.mkdtemp(prefix="pyquant.", dir=os.environ.get("TPS_TMP") or None)
 
@@ -91,18 +92,8 @@ CHECKED = [
     ("ct-tensor-static-llama", "dtensor", 2, "model.layers.0.self_attn.o_proj.weight_scale", False),
 ]
 
-RANK_FILE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
 MODELS = {}
 
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
 
 
 def tps(*args):
@@ -123,49 +114,6 @@ def split(m, tp, layout, out):
     return tps(*args)
 
 
-def read_rank_files(out, tp):
-    """-> ({rank: {name: (dtype, shape, bytes)}}, {(rank, name): path}, problems)."""
-    problems, ranks, where = [], {}, {}
-    for path in sorted(glob.glob(os.path.join(out, "*.safetensors"))):
-        base = os.path.basename(path)
-        m = RANK_FILE.match(base)
-        if not m or int(m.group(1)) >= tp:
-            problems.append(f"{base}: not a model-rank-<r>-part-<p>.safetensors name for tp {tp}")
-            continue
-        r = int(m.group(1))
-        try:
-            with open(path, "rb") as f:
-                items = safetensors.deserialize(f.read())
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"{base}: the reference reader rejects it: {e}")
-            continue
-        mine = ranks.setdefault(r, {})
-        for n, i in items:
-            if n in mine:
-                problems.append(f"{base}: {n} is also in another part of rank {r}")
-            mine[n] = (i["dtype"], list(i["shape"]), bytes(i["data"]))
-            where[(r, n)] = path
-    for r in range(tp):
-        if r not in ranks:
-            problems.append(f"rank {r} has no file")
-    return ranks, where, problems
-
-
-def compare(want, got, label):
-    out = []
-    for n in sorted(set(want) - set(got)):
-        out.append(f"{label}: missing {n} {want[n][0]}{want[n][1]}")
-    for n in sorted(set(got) - set(want)):
-        out.append(f"{label}: {n} {got[n][0]}{got[n][1]} should not be there")
-    for n in sorted(set(want) & set(got)):
-        (wd, ws, wb), (gd, gs, gb) = want[n], got[n]
-        if (wd, ws) != (gd, gs):
-            out.append(f"{label}: {n}: {gd}{gs}, expected {wd}{ws}")
-        elif wb != gb:
-            i = next((k for k in range(min(len(wb), len(gb))) if wb[k] != gb[k]), 0)
-            out.append(f"{label}: {n}: bytes differ from byte {i}")
-    return out
-
 
 def summarize(problems):
     """Problems with layer and rank numbers folded: one line per kind, counted."""
@@ -175,11 +123,6 @@ def summarize(problems):
         seen[k] = seen.get(k, 0) + 1
     return [k + (f"  (x{n})" if n > 1 else "") for k, n in seen.items()]
 
-
-def first_diff(a, b):
-    n = min(len(a), len(b))
-    i = next((k for k in range(n) if a[k] != b[k]), n)
-    return f"lengths {len(a)} vs {len(b)}, first difference at byte {i}"
 
 
 def no_safetensors(out):
@@ -197,7 +140,7 @@ def probe():
     if rc != 0:
         return f"split --tp 2 of a block-FP8 LLaMA exits {rc}: {(se or so_).strip()[:200]}"
     want = qo.expected_ranks(m, "dtensor", 2)[1]
-    ranks, _, problems = read_rank_files(out, 2)
+    ranks, problems = ranktest.read_rank_files(out, 2)
     n = "model.layers.0.self_attn.q_proj.weight_scale_inv"
     got = ranks.get(1, {}).get(n)
     if got is None:
@@ -223,7 +166,7 @@ def check_split(preset, layout, tp, optional=False):
             return None
         report(False, f"{name}: split", f"rc {rc}\n{se}{so_}")
         return None
-    ranks, _, problems = read_rank_files(out, tp)
+    ranks, problems = ranktest.read_rank_files(out, tp)
     for r in sorted(ranks):
         problems += compare(want[r], ranks[r], f"rank {r}")
     cfg = os.path.join(out, "config.json")
@@ -313,7 +256,8 @@ def check_verify(out, preset, layout, tp, scale, swap):
         return
     report(True, f"{name}: verify --source passes")
     r = tp - 1
-    _, where, _ = read_rank_files(out, tp)
+    where = {}
+    ranktest.read_rank_files(out, tp, where)
     if (r, scale) not in where:
         report(False, f"{name}: tamper with {scale}", f"rank {r} has no {scale}")
         return
@@ -548,7 +492,7 @@ def main():
             report(False, f"{t.__name__} raised {type(e).__name__}", traceback.format_exc())
     if not os.environ.get("KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if FAILS else 0
+    return 1 if ranktest.fails() else 0
 
 
 if __name__ == "__main__":

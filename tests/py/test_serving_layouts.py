@@ -31,7 +31,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.environ.get("TOP") or os.path.dirname(os.path.dirname(HERE))
 TPSHARD = os.environ.get("TPSHARD") or os.path.join(TOP, "tpshard")
 TMP = tempfile.mkdtemp(prefix="pyserve.", dir=os.environ.get("TPS_TMP") or None)
-FAILS = 0
 
 try:
     import safetensors
@@ -44,6 +43,9 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import gen  # noqa: E402
 import serving_oracle as so  # noqa: E402
+import ranktest  # noqa: E402
+from ranktest import (compare, first_diff, flip_bit, read_rank_files, report,  # noqa: E402
+                      source_files)
 import jsonlog  # noqa: E402
 
 BOTH = ("vllm", "sglang")
@@ -94,18 +96,6 @@ REFUSALS = [
 CHECKED = [("llama-v250-kv2", 8, "vllm"), ("gemma3-tied-kv1-v262", 2, "sglang"),
            ("qwen2-f16-v250", 4, "sglang")]
 
-RANK_FILE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
-
 
 def tps(*args):
     p = subprocess.run([TPSHARD, *map(str, args)], capture_output=True, text=True, timeout=120)
@@ -120,69 +110,6 @@ def make_model(label, args):
         gen.main([args[0], d] + args[1:])
     return d
 
-
-def source_files(model):
-    idx = os.path.join(model, "model.safetensors.index.json")
-    if os.path.exists(idx):
-        with open(idx) as f:
-            return sorted(set(json.load(f)["weight_map"].values()))
-    return ["model.safetensors"]
-
-
-def read_rank_files(out, tp):
-    """-> ({rank: {name: (dtype, shape, bytes)}}, problems)."""
-    problems, ranks = [], {}
-    for path in sorted(glob.glob(os.path.join(out, "*.safetensors"))):
-        base = os.path.basename(path)
-        m = RANK_FILE.match(base)
-        if not m:
-            problems.append(f"{base}: not a model-rank-<r>-part-<p>.safetensors name")
-            continue
-        r = int(m.group(1))
-        if r >= tp:
-            problems.append(f"{base}: rank {r} at tp {tp}")
-            continue
-        try:
-            with safe_open(path, framework="numpy") as h:
-                meta = h.metadata() or {}
-            with open(path, "rb") as f:
-                items = safetensors.deserialize(f.read())
-        except Exception as e:  # noqa: BLE001
-            problems.append(f"{base}: the reference reader rejects it: {e}")
-            continue
-        if meta.get("format") != "pt":
-            problems.append(f"{base}: __metadata__ format is {meta.get('format')!r}, not 'pt'")
-        mine = ranks.setdefault(r, {})
-        for n, i in items:
-            if n in mine:  # the engine's loader raises KeyError on the second copy
-                problems.append(f"{base}: {n} is also in another part of rank {r}")
-            mine[n] = (i["dtype"], list(i["shape"]), bytes(i["data"]))
-    for r in range(tp):
-        if r not in ranks:
-            problems.append(f"rank {r} has no file (the engine refuses to load)")
-    return ranks, problems
-
-
-def compare(want, got, label):
-    out = []
-    for n in sorted(set(want) - set(got)):
-        out.append(f"{label}: missing {n} (the engine says 'Missing keys')")
-    for n in sorted(set(got) - set(want)):
-        out.append(f"{label}: {n} is not in the engine's state (KeyError)")
-    for n in sorted(set(want) & set(got)):
-        (wd, ws, wb), (gd, gs, gb) = want[n], got[n]
-        if (wd, ws) != (gd, gs):
-            out.append(f"{label}: {n}: {gd}{gs}, expected {wd}{ws}")
-        elif wb != gb:
-            i = next((k for k in range(min(len(wb), len(gb))) if wb[k] != gb[k]), 0)
-            out.append(f"{label}: {n}: bytes differ from byte {i}")
-    return out
-
-
-def first_diff(a, b):
-    n = min(len(a), len(b))
-    i = next((k for k in range(n) if a[k] != b[k]), n)
-    return f"lengths {len(a)} vs {len(b)}, first difference at byte {i}"
 
 
 # ------------------------------------------------------------------ splits
@@ -201,7 +128,7 @@ def check_split(label, model, tp, layout):
         return None
     ranks, problems = read_rank_files(out, tp)
     for r in sorted(ranks):
-        problems += compare(want[r], ranks[r], f"rank {r}")
+        problems += compare(want[r], ranks[r], f"rank {r}", engine=True)
     cfg = os.path.join(out, "config.json")
     if not os.path.exists(cfg):
         problems.append("no config.json beside the rank files (the engine builds the model from it)")
@@ -231,16 +158,6 @@ def check_split(label, model, tp, layout):
     report(not bad, f"{name}: merge gives back the source files byte for byte", "\n".join(bad))
     return out
 
-
-def flip_bit(path, tensor):
-    with open(path, "rb") as f:
-        raw = bytearray(f.read())
-    n = int.from_bytes(raw[:8], "little")
-    hdr = json.loads(raw[8:8 + n])
-    b, e = hdr[tensor]["data_offsets"]
-    raw[8 + n + (b + e) // 2] ^= 0x10
-    with open(path, "wb") as f:
-        f.write(raw)
 
 
 def check_and_corrupt(out, label, tp, layout):
@@ -323,7 +240,7 @@ def main():
             report(False, f"serving refusal {label} raised {type(e).__name__}", traceback.format_exc())
     if not os.environ.get("KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if FAILS else 0
+    return 1 if ranktest.fails() else 0
 
 
 if __name__ == "__main__":
