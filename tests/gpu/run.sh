@@ -31,7 +31,8 @@
 # Environment: GPU_TMP (scratch; default /dev/shm/tpshard-gpu, or
 # ${TMPDIR:-/tmp}/tpshard-gpu when /dev/shm has under 24 GiB free and less
 # than it), GPU_BIG (8G), GPU_BUDGET (seconds for the whole run, default 540:
-# later steps are skipped, and say so, when it runs out), JOBS (make -j,
+# later steps are skipped, and say so, when it runs out), GPU_ONLY_BIG=1
+# (steps 1 and 3 only: the throughput figures, e.g. with GPU_BIG=24G), JOBS (make -j,
 # default nproc), KEEP=1 (keep the scratch directory).
 set -u
 
@@ -170,6 +171,7 @@ if [ "$NGPU" -lt 1 ]; then
 fi
 
 # ---------------------------------------------------------------- 2. tiny
+if [ "${GPU_ONLY_BIG:-0}" != 1 ]; then
 tiny() { # DIR SOURCE: cuda verify passes and agrees with cpu
   "$TPS" verify "$1" --source "$2" --backend cuda --json >"$1.cuda.json" || return 1
   "$TPS" verify "$1" --source "$2" --backend cpu --json >"$1.cpu.json"
@@ -212,6 +214,7 @@ for dt in F16 F32 F8_E4M3; do
   step "cuda = cpu on $dt weights (tp 3)" tiny "$W/d-$dt-s" "$W/d-$dt"
 done
 
+fi
 # ---------------------------------------------------------------- 3. big, tp 2, 4, 8
 bigsize() { # prints the model size that fits the scratch disk (model + one split + slack)
   avail=$(df -Pk "$SCR" | awk 'NR==2 {print $4}')
@@ -266,6 +269,7 @@ figure "$(h2d 2>&1 | tail -n 1)"
 rm -rf "$W/big"
 
 # ---------------------------------------------------------------- 4. 1 GiB at tp 2, 4, 8; a flipped bit
+if [ "${GPU_ONLY_BIG:-0}" != 1 ]; then
 M1=$W/m1
 step "gen_llama 1G" "$GEN" "$M1" --size 1G -q
 for tp in 2 4 8; do
@@ -357,6 +361,7 @@ toomany() {
 }
 [ "$NGPU" -lt 8 ] && step "nccl with tp 8 on $NGPU GPU(s): clear error, exit 1, no hang" toomany
 
+fi
 # ---------------------------------------------------------------- summary
 echo
 echo "# summary ($(($(date +%s) - T0)) s total)"
