@@ -141,7 +141,7 @@ tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama
 # The README's test command. Ends with one line "N passed, M failed".
 test: tests-bin
 	@sh tools/deps.sh test
-	@sh tests/run.sh
+	@TPS_SANITIZE="$(SANITIZE)" sh tests/run.sh
 
 test-valgrind: tests-bin
 	@VALGRIND=1 sh tests/run.sh cli

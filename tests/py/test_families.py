@@ -369,11 +369,15 @@ def test_large_moe(ep_ok):
                 if f.read() != g.read():
                     problems.append("merge did not give back model.safetensors byte for byte")
         big = {k: v for k, v in rss.items() if v > 256 * 1024}
-        if big:
+        # a sanitized build's redzones and quarantine inflate RSS: the bar is
+        # for the real build (make test SANITIZE=... says so in TPS_SANITIZE)
+        if big and not os.environ.get("TPS_SANITIZE"):
             problems.append(f"peak RSS above 256 MiB: {big} KiB")
         shown = ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in rss.items())
         report(not problems, f"{name}: oracle's tensors, check, verify --source, merge pass; peak RSS "
-                             f"{shown}", "\n".join(problems))
+                             f"{shown}" + (" (sanitized build: no RSS bar)"
+                                           if os.environ.get("TPS_SANITIZE") else ""),
+               "\n".join(problems))
         shutil.rmtree(out + "-merged", ignore_errors=True)
         shutil.rmtree(out, ignore_errors=True)
 
