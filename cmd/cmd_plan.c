@@ -256,7 +256,7 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         sum += b;
         if (b > maxr) maxr = b;
     }
-    double overhead = total ? (double)(sum - total) / (double)total : 0;
+    double overhead = total && sum >= total ? (double)(sum - total) / (double)total : 0;
     const char *rej = tps_layout_rejected(L);
     char buf[1024], b1[32], b2[32];
     const char *target = tps_layout_target(L);

@@ -1997,16 +1997,17 @@ void tps_layout_placement(const tps_layout *L, size_t i, tps_placement_view *v)
 void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, uint64_t *len)
 {
     *start = *len = 0;
-    if (L->src_piece0) { /* the compiled layout: rank's first piece of tensor i */
+    if (L->src_piece0) { /* the compiled layout: rank's pieces of tensor i */
+        int first = 1;
         for (size_t k = L->src_piece0[i]; k < L->src_piece0[i + 1]; k++) {
             const tps_lpiece *p = &L->pieces[L->src_pieces[k]];
             const tps_region *g = &L->regions[p->region];
-            if (p->rank != rank) continue;
-            if (g->dim >= 0) {
-                *start = g->lo;
-                *len = g->hi - g->lo;
-            }
-            return;
+            if (p->rank != rank || g->dim < 0) continue;
+            /* a packed tensor's sections give a rank several row ranges: the
+             * first one's start, all of their rows */
+            if (first) *start = g->lo;
+            first = 0;
+            *len += g->hi - g->lo;
         }
         return;
     }
@@ -2036,6 +2037,21 @@ uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank)
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank)
 {
     uint64_t s = 0;
+    if (!L->rank_rt && !L->spec) {
+        /* a rejected DTensor plan is not laid out: its shards, as placed */
+        for (size_t i = 0; i < L->n; i++) {
+            const tps_ctensor *t = &L->ck->t[L->p[i].t];
+            int d = L->p[i].dim;
+            uint64_t lo, len;
+            if (d < 0 || d >= t->ndim || !t->shape[d]) {
+                s += t->nbytes;
+                continue;
+            }
+            tps_chunk(t->shape[d], L->tp, rank, &lo, &len);
+            s += t->nbytes / t->shape[d] * len;
+        }
+        return s;
+    }
     if (!L->rank_rt) return 0;
     for (size_t k = L->rank_rt[rank]; k < L->rank_rt[rank + 1]; k++) s += L->rt[k].nbytes;
     return s;

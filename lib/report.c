@@ -416,7 +416,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     size_t n = tps_layout_count(L);
     uint64_t total = tps_ckpt_total_bytes(ck), sum = 0;
     for (int r = 0; r < tp; r++) sum += tps_layout_rank_bytes(L, r);
-    double overhead = total ? (double)(sum - total) / (double)total : 0;
+    double overhead = total && sum >= total ? (double)(sum - total) / (double)total : 0;
     const char *rej = tps_layout_rejected(L);
     const char *target = tps_layout_target(L);
     char b1[32];

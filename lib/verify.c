@@ -1288,6 +1288,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     TPS_FAIL_IF(!R->backend, ctx, TPS_E_NOMEM, "verify: out of memory");
 
     /* the tensors to check */
+    size_t npacked = 0; /* packed tensors, checked on their own (verify_packed.c) */
     size_t nt = V->ck->n;
     V->u = calloc(nt ? nt : 1, sizeof *V->u);
     V->unit_of = malloc(sizeof(int) * (nt ? nt : 1));
@@ -1297,6 +1298,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
         if (o->tensors_glob && fnmatch(o->tensors_glob, V->ck->t[i].name, 0) != 0) continue;
         if (tps_vp_is_packed(V, i)) {
             TPS_CHECK(tps_vp_check(V, i));
+            npacked++;
             continue;
         }
         vunit *u = &V->u[V->nu];
@@ -1305,7 +1307,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
         V->unit_of[i] = (int)V->nu++;
         TPS_CHECK(tps_va_analyze_unit(V, u));
     }
-    TPS_FAIL_IF(o->tensors_glob && V->nu == 0, ctx, TPS_E_ARG,
+    TPS_FAIL_IF(o->tensors_glob && V->nu == 0 && npacked == 0, ctx, TPS_E_ARG,
                 "verify: --tensors '%s' matches no tensor in %s", o->tensors_glob, o->dir);
     se = tps_va_style_index(V->ck, &nse);
     for (size_t i = 0; i < V->nu; i++) tps_va_classify(V, &V->u[i], se, nse);

@@ -511,9 +511,25 @@ tps_err tps_va_find_blocks(vctx *V)
         const char *nm = u->ct->name;
         int kind;
         size_t n;
+        /* an expert's MLP (Qwen3-MoE experts.<e>.{gate,up,down}_proj, Mixtral
+         * experts.<e>.{w1,w3,w2}): the block is the expert */
+        const char *up_sfx = ".mlp.up_proj.weight", *down_sfx = ".mlp.down_proj.weight";
+        const char *name_sfx = ".mlp";
         if (tps_va_has_suffix(nm, ".mlp.gate_proj.weight")) {
             kind = BLK_MLP;
             n = strlen(nm) - strlen(".mlp.gate_proj.weight");
+        } else if (strstr(nm, ".experts.") && tps_va_has_suffix(nm, ".gate_proj.weight")) {
+            kind = BLK_MLP;
+            n = strlen(nm) - strlen(".gate_proj.weight");
+            up_sfx = ".up_proj.weight";
+            down_sfx = ".down_proj.weight";
+            name_sfx = "";
+        } else if (strstr(nm, ".experts.") && tps_va_has_suffix(nm, ".w1.weight")) {
+            kind = BLK_MLP;
+            n = strlen(nm) - strlen(".w1.weight");
+            up_sfx = ".w3.weight";
+            down_sfx = ".w2.weight";
+            name_sfx = "";
         } else if (tps_va_has_suffix(nm, ".self_attn.q_proj.weight")) {
             kind = BLK_ATTN;
             n = strlen(nm) - strlen(".self_attn.q_proj.weight");
@@ -525,8 +541,8 @@ tps_err tps_va_find_blocks(vctx *V)
         vunit *m[3] = {u, NULL, NULL};
         int nm_ = kind == BLK_MLP ? 3 : 2;
         if (kind == BLK_MLP) {
-            m[1] = tps_va_unit_by_name(V, prefix, ".mlp.up_proj.weight");
-            m[2] = tps_va_unit_by_name(V, prefix, ".mlp.down_proj.weight");
+            m[1] = tps_va_unit_by_name(V, prefix, up_sfx);
+            m[2] = tps_va_unit_by_name(V, prefix, down_sfx);
         } else {
             m[1] = tps_va_unit_by_name(V, prefix, ".self_attn.o_proj.weight");
         }
@@ -542,7 +558,7 @@ tps_err tps_va_find_blocks(vctx *V)
             return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
         }
         b->kind = kind;
-        b->name = tps_asprintf("%s%s", prefix, kind == BLK_MLP ? ".mlp" : ".self_attn");
+        b->name = tps_asprintf("%s%s", prefix, kind == BLK_MLP ? name_sfx : ".self_attn");
         free(prefix);
         if (!b->name) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
         vunit *cons = m[nm_ - 1];
@@ -560,7 +576,7 @@ tps_err tps_va_find_blocks(vctx *V)
         if (any_pre) continue; /* the tensor rows already fail; nothing to pair */
         if (all_rep) {
             if (tps_va_rep_add(V->R, b->name, kind == BLK_MLP ? "mlp" : "attn", 0, 0, 0, 0, 1,
-                        tps_strdup("replicated on every rank: nothing to pair")))
+                        tps_strdup("whole on every rank that holds it: nothing to pair")))
                 return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
             continue;
         }

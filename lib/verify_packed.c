@@ -48,16 +48,18 @@ tps_err tps_vp_check(vctx *V, size_t i)
             return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
         return TPS_OK;
     }
-    /* primaries tile dim 0 (the reader sorted them by lo and checked it) */
+    /* One process checks it (the root, with NCCL), reading every rank's
+     * file: a rank file missing from the directory is a failure, as for any
+     * tensor. */
+    if (!V->is_root) return TPS_OK;
     for (int p = 0; p < np; p++) {
         const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
-        if (!V->local[pc->rank]) absent = 1;
+        if (V->ck->rank_present && !V->ck->rank_present[pc->rank]) absent = 1;
     }
-    if (absent || !V->is_root) {
-        /* another process (NCCL) or another directory holds some ranks */
-        if (!V->is_root) return TPS_OK;
-        note = tps_strdup("a packed tensor: some of its ranks are not in this directory, not verified");
-        if (tps_va_rep_add(V->R, ct->name, "reconstruct", 0, 0, 0, 0, 1, note))
+    if (absent) {
+        note = tps_strdup("a packed tensor: the files of some of its ranks are missing from the "
+                          "directory (was it split with --ranks?)");
+        if (tps_va_rep_add(V->R, ct->name, "reconstruct", 0, 0, ct->nbytes, ct->nbytes, 0, note))
             return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
         return TPS_OK;
     }

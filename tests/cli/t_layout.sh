@@ -167,4 +167,7 @@ run tps verify "$T/mine" --source "$S"
 printf 'name: bad\ntarget: x\nfuse:\n  - into: a\n    parts: [{module: q_proj}]\n' >"$T/bad.yaml"
 expect_exit 1 "a malformed layout file is an error" -- tps plan "$S" --tp 2 --layout "$T/bad.yaml"
 expect_stderr_has "bad.yaml:5" "naming the file and line"
+# A rejected plan is not laid out, yet plan still shows what its shards would be.
+expect_exit 1 "a rejected plan exits 1" -- tps plan "$TOP/testdata/conformance/llama-tp8-gqa-reject/model" --tp 8
+expect_stdout_has "all ranks 192.50 KiB; replication overhead 4.8%" "and shows the shards' bytes and overhead"
 finish

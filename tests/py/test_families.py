@@ -333,6 +333,33 @@ def test_user_plan():
            "written)", f"oracle ({ok}, {why!r}); rc {rc}\n{se}{so_}")
 
 
+# ------------------------------------------------------------------ packed tensors in reports
+
+def test_packed_reports():
+    """A packed tensor in a serving layout puts several row ranges on a rank:
+    plan --json says all of the rank's rows, and verify --tensors selecting
+    only packed tensors checks them (not 'matches no tensor')."""
+    model = make_model("phi3-kv2")
+    want = fo.expected_ranks(model, "vllm", 4)
+    name = "model.layers.0.self_attn.qkv_proj.weight"
+    rows = want[0][name][1][0]
+    rc, out, err = tps("plan", model, "--tp", "4", "--layout", "vllm", "--json")
+    doc = json.loads(out) if rc == 0 else {}
+    ent = next((t for t in doc.get("tensors", []) if t.get("name") == name), {})
+    shapes = [ls[0] for ls in ent.get("local_shapes", [])]
+    report(rc == 0 and shapes == [rows] * 4,
+           f"families: plan --json gives each rank all {rows} rows of the packed {name} (vllm tp 4)",
+           f"rc {rc}; local_shapes rows {shapes}\n{err}")
+    out_dir = os.path.join(TMP, "o-packed-reports")
+    rc, so_, se = tps("split", model, "--tp", "4", "--layout", "vllm", "-o", out_dir, "-q")
+    rc2, so2, se2 = tps("verify", out_dir, "--source", model, "--tensors", "*qkv_proj*", "--json")
+    doc = json.loads(so2) if so2.strip().startswith("{") else {}
+    kinds = sorted({c.get("kind") for c in doc.get("checks", [])})
+    report(rc == 0 and rc2 == 0 and doc.get("ok") is True and "colwise" in kinds,
+           "families: verify --tensors '*qkv_proj*' checks the packed tensors alone (reconstruct, colwise)",
+           f"split rc {rc} {se}; verify rc {rc2}; kinds {kinds}\n{se2}{so2[:400]}")
+
+
 # ------------------------------------------------------------------ a large MoE
 
 def test_large_moe(ep_ok):
@@ -450,6 +477,12 @@ def main():
                 import traceback
                 report(False, f"families: refusal {label} ({layout}) raised {type(e).__name__}",
                        traceback.format_exc())
+    if known[("phi3", "serving")]:
+        try:
+            test_packed_reports()
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            report(False, f"families: packed reports raised {type(e).__name__}", traceback.format_exc())
     try:
         test_user_plan()
     except Exception as e:  # noqa: BLE001
