@@ -41,11 +41,6 @@ const char usage_verify[] =
     "Exit status: 0 when every check passes, 1 when one fails or on error, 2 on a\n"
     "usage error.\n";
 
-typedef struct {
-    const char *kind;
-    unsigned passed, failed;
-} kind_count;
-
 static void print_row(const tps_verify_row *r, int w)
 {
     char err[32], tol[32];
@@ -137,43 +132,16 @@ int cmd_verify(int argc, char **argv)
         return st;
     }
     size_t n = tps_verify_report_count(R);
-    unsigned passed = 0, failed = 0;
-    kind_count kinds[16];
-    size_t nk = 0;
+    tps_verify_kind_count kinds[16];
+    unsigned passed, failed;
+    size_t nk = tps_verify_report_kinds(R, kinds, sizeof kinds / sizeof kinds[0], &passed, &failed);
     int w = 5;
     for (size_t i = 0; i < n; i++) {
         const tps_verify_row *r = tps_verify_report_row(R, i);
-        if (r->ok)
-            passed++;
-        else
-            failed++;
-        size_t k;
-        for (k = 0; k < nk; k++)
-            if (!strcmp(kinds[k].kind, r->kind)) break;
-        if (k == nk && nk < sizeof kinds / sizeof kinds[0])
-            kinds[nk++] = (kind_count){r->kind, 0, 0};
-        if (k < nk) {
-            if (r->ok)
-                kinds[k].passed++;
-            else
-                kinds[k].failed++;
-        }
         int l = (int)strlen(r->check);
         if ((!r->ok || g_display >= 2) && l > w) w = l;
     }
     if (w > 64) w = 64;
-    /* kinds in a fixed order, unknown ones after */
-    static const char *const order[] = {"reconstruct", "replicated", "crc", "colwise",
-                                        "rowwise",     "embedding",  "mlp", "attn"};
-    size_t placed = 0;
-    for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++)
-        for (size_t k = placed; k < nk; k++)
-            if (!strcmp(kinds[k].kind, order[oi])) {
-                kind_count t = kinds[placed];
-                kinds[placed++] = kinds[k];
-                kinds[k] = t;
-                break;
-            }
     int ok = tps_verify_report_ok(R) && failed == 0;
     double secs = tps_verify_report_seconds(R);
     uint64_t bytes = tps_verify_report_bytes(R);

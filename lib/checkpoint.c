@@ -449,6 +449,38 @@ static tps_err js_next(tps_ctx *ctx, const char *mpath, const char *what, const 
     return TPS_OK;
 }
 
+/* The elements of one of those arrays: one at a time from its text (span
+ * set), or from the tree (a manifest parsed whole). Each element lives until
+ * the next call; js_iter_start again runs through them once more. */
+typedef struct {
+    const char *b, *p, *e; /* the array's text, or b NULL */
+    const cJSON *next;     /* the tree's next element */
+    cJSON *el;             /* the element parsed from the text */
+    const char *what;
+    size_t i;
+} js_iter;
+
+static void js_iter_start(js_iter *it, const js_span *sp, const cJSON *arr, const char *what)
+{
+    cJSON_Delete(it->el);
+    *it = (js_iter){.b = sp->b, .p = sp->b, .e = sp->e, .next = arr->child, .what = what};
+}
+
+static tps_err js_iter_next(tps_ctx *ctx, const char *mpath, js_iter *it, const cJSON **out)
+{
+    cJSON_Delete(it->el);
+    it->el = NULL;
+    if (!it->b) {
+        *out = it->next;
+        if (it->next) it->next = it->next->next;
+        return TPS_OK;
+    }
+    TPS_TRY(js_next(ctx, mpath, it->what, &it->p, it->e, it->i, &it->el));
+    it->i++;
+    *out = it->el;
+    return TPS_OK;
+}
+
 /* A copy of s that lives as long as ck. */
 static const char *ck_keep(tps_ckpt *ck, const char *s)
 {
@@ -479,7 +511,7 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     size_t tlen = 0;
     static const char *const big[] = {"tensors", "rank_tensors"};
     js_span sp[2];
-    cJSON *el = NULL;
+    js_iter it = {0};
     TPS_CHECK(tps_read_file(ctx, mpath, MAX_JSON_FILE, &text, &tlen));
     if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
         /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
@@ -652,31 +684,16 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
     TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
     size_t nt = 0, nent = 0;
-    /* Elements come from the tree (a small manifest parsed whole) or, one at
-     * a time, from the text: a first pass counts them. */
-    const char *tp0 = sp[0].b, *tpe = sp[0].e, *tpp = tp0;
-    const cJSON *tnext = ts->child;
-#define NEXT_TENSOR(E)                                                                              \
-    do {                                                                                           \
-        if (tp0) {                                                                                 \
-            cJSON_Delete(el);                                                                      \
-            el = NULL;                                                                             \
-            TPS_CHECK(js_next(ctx, mpath, "tensors", &tpp, tpe, ck->n, &el));                      \
-            (E) = el;                                                                              \
-        } else {                                                                                   \
-            (E) = tnext;                                                                           \
-            tnext = tnext ? tnext->next : NULL;                                                    \
-        }                                                                                          \
-    } while (0)
+    /* A first pass counts them. */
+    js_iter_start(&it, &sp[0], ts, "tensors");
     for (const cJSON *e;;) {
-        NEXT_TENSOR(e);
+        TPS_CHECK(js_iter_next(ctx, mpath, &it, &e));
         if (!e) break;
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
         nent += cJSON_IsArray(rs) ? (size_t)cJSON_GetArraySize(rs) : 0;
         nt++;
     }
-    tpp = tp0;
-    tnext = ts->child;
+    js_iter_start(&it, &sp[0], ts, "tensors");
     TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
                 "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
                 TPS_MAX_MANIFEST_ENTRIES);
@@ -685,7 +702,7 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
     size_t used = 0;
     for (const cJSON *e;;) {
-        NEXT_TENSOR(e);
+        TPS_CHECK(js_iter_next(ctx, mpath, &it, &e));
         if (!e) break;
         tps_ctensor *t = &ck->t[ck->n++];
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
@@ -857,22 +874,18 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     const cJSON *rts = cJSON_GetObjectItemCaseSensitive(m, "rank_tensors");
     if (v2 && cJSON_IsArray(rts)) {
         size_t nrt = 0;
-        tp0 = sp[1].b;
-        tpe = sp[1].e;
-        tpp = tp0;
-        tnext = rts->child;
+        js_iter_start(&it, &sp[1], rts, "rank_tensors");
         for (const cJSON *e;;) {
-            NEXT_TENSOR(e);
+            TPS_CHECK(js_iter_next(ctx, mpath, &it, &e));
             if (!e) break;
             nrt++;
         }
-        tpp = tp0;
-        tnext = rts->child;
+        js_iter_start(&it, &sp[1], rts, "rank_tensors");
         TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
         ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
         TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
         for (const cJSON *e;;) {
-            NEXT_TENSOR(e);
+            TPS_CHECK(js_iter_next(ctx, mpath, &it, &e));
             if (!e) break;
             tps_crtensor *rt = &ck->rts[ck->nrts++];
             const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
@@ -950,9 +963,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             TPS_FAIL_IF(!seen[fi][k], ctx, TPS_E_MISMATCH, "%s: tensor '%s' is not in the manifest",
                         ck->files[fi].path, st->t[k].name);
     }
-#undef NEXT_TENSOR
 out:
-    cJSON_Delete(el);
+    cJSON_Delete(it.el);
     free(text);
     free(rest);
     for (size_t fi = 0; seen && fi < ck->nfiles; fi++) free(seen[fi]);

@@ -260,6 +260,26 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
 
 int tps_layout_ep(const tps_layout *L) { return L->ep; }
 
+/* A layout of ck's tensors, nothing placed yet. */
+static tps_layout *layout_alloc(const tps_ckpt *ck, const tps_plan *plan, const tps_lspec *spec,
+                                int tp, int ep)
+{
+    tps_layout *L = tps_xcalloc(1, sizeof *L);
+    if (!L) return NULL;
+    L->ck = ck;
+    L->plan = plan;
+    L->spec = spec;
+    L->tp = tp;
+    L->ep = ep;
+    L->n = ck->n;
+    L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
+    if (!L->p) {
+        free(L);
+        return NULL;
+    }
+    return L;
+}
+
 tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                           const tps_layout_spec *spec, int tp, int ep, tps_layout **out)
 {
@@ -268,16 +288,8 @@ tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
     tps_err rc = TPS_OK;
     tps_layers ly = {0};
     head_state hs = {.last_layer = -1};
-    tps_layout *L = tps_xcalloc(1, sizeof *L);
+    tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    L->ck = ck;
-    L->plan = plan;
-    L->spec = spec;
-    L->tp = tp;
-    L->ep = ep;
-    L->n = ck->n;
-    L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
-    TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
     /* Named after the file: a malformed per_layer_config is the config's fault. */
     char *cfg_label = tps_asprintf("%s/config.json", ck->dir ? ck->dir : ".");
     TPS_FAIL_IF(!cfg_label, ctx, TPS_E_NOMEM, "out of memory");
@@ -340,16 +352,8 @@ tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
 {
     *out = NULL;
     tps_err rc = TPS_OK;
-    tps_layout *L = tps_xcalloc(1, sizeof *L);
+    tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    L->ck = ck;
-    L->plan = plan;
-    L->spec = spec;
-    L->tp = tp;
-    L->ep = ep;
-    L->n = ck->n;
-    L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
-    TPS_FAIL_IF(!L->p, ctx, TPS_E_NOMEM, "out of memory");
     for (size_t i = 0; i < ck->n; i++) {
         L->p[i].t = i;
         L->p[i].style = styles[i];
@@ -583,6 +587,26 @@ static int split_range(uint64_t n, int tp, int r, int exact, uint64_t *lo, uint6
     return 1;
 }
 
+/* Rank r's rows [lo, lo + len) of a fused part of n rows: on whole heads
+ * (heads > 0; with replicate, fewer heads than ranks each whole on
+ * tp / heads ranks), else split_range. 0 when no such split exists. */
+static int part_rows(uint64_t n, uint64_t heads, int replicate, int tp, int r, int exact,
+                     uint64_t *lo, uint64_t *len)
+{
+    if (!heads) return split_range(n, tp, r, exact, lo, len);
+    if (heads % (uint64_t)tp == 0) {
+        *len = n / (uint64_t)tp;
+        *lo = (uint64_t)r * *len;
+        return 1;
+    }
+    if (replicate && heads < (uint64_t)tp && (uint64_t)tp % heads == 0) {
+        *len = n / heads;
+        *lo = (uint64_t)r / ((uint64_t)tp / heads) * *len;
+        return 1;
+    }
+    return 0;
+}
+
 /* "1, 2, 4, 8" of the tp values up to 64 for which ok(n, tp) holds. */
 static void works_list(char *buf, size_t len, uint64_t n, uint64_t n2,
                        int (*ok)(uint64_t, uint64_t, int))
@@ -695,23 +719,7 @@ static void block_tps(char *buf, size_t len, uint64_t n, uint64_t b, int exact, 
         int ok = 1;
         for (int r = 0; r < tp && ok; r++) {
             uint64_t lo, l;
-            if (heads) {
-                uint64_t unit = n / heads;
-                if (heads % (uint64_t)tp == 0) {
-                    l = n / (uint64_t)tp;
-                    lo = (uint64_t)r * l;
-                } else if (replicate && heads < (uint64_t)tp && (uint64_t)tp % heads == 0) {
-                    lo = (uint64_t)r / ((uint64_t)tp / heads) * unit;
-                    l = unit;
-                } else {
-                    ok = 0;
-                    break;
-                }
-            } else if (!split_range(n, tp, r, exact, &lo, &l)) {
-                ok = 0;
-                break;
-            }
-            ok = block_aligned(n, lo, l, b);
+            ok = part_rows(n, heads, replicate, tp, r, exact, &lo, &l) && block_aligned(n, lo, l, b);
         }
         if (ok) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", tp);
     }
@@ -721,27 +729,17 @@ static void block_tps(char *buf, size_t len, uint64_t n, uint64_t b, int exact, 
 /* "1, 2" of the tp values up to 64 at which every part of fused group f
  * (rows nrows[j], split on whole heads or evenly) gives each rank whole
  * blocks of b rows: the engines concatenate the parts' scale blocks. */
-static void fused_block_tps(char *buf, size_t len, cstate *C, const tps_lfuse *f,
-                            const size_t *idx, const uint64_t *nrows, uint64_t b)
+static void fused_block_tps(char *buf, size_t len, const tps_lfuse *f, const uint64_t *nrows,
+                            const uint64_t *heads, uint64_t b)
 {
     size_t o = 0;
     buf[0] = 0;
     for (int tp = 1; tp <= 64 && o < len; tp++) {
         int ok = 1;
         for (size_t j = 0; j < f->nparts && ok; j++) {
-            const tps_lpart *p = &f->parts[j];
-            uint64_t rows = nrows[j], h = 0, per;
-            int present;
-            if (p->heads) h = config_count(C->ck->config, p->heads, &present);
-            if (h && rows % h == 0) {
-                if (h % (uint64_t)tp == 0) per = rows / (uint64_t)tp;
-                else if (p->replicate && h < (uint64_t)tp && (uint64_t)tp % h == 0) per = rows / h;
-                else per = 1; /* not a split the layout makes */
-            } else {
-                per = rows % (uint64_t)tp ? 1 : rows / (uint64_t)tp;
-            }
-            ok = per % b == 0;
-            (void)idx;
+            uint64_t lo, l; /* every rank's rows are as many as rank 0's */
+            ok = part_rows(nrows[j], heads[j], f->parts[j].replicate, tp, 0, 1, &lo, &l) &&
+                 l % b == 0;
         }
         if (ok) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", tp);
     }
@@ -962,7 +960,7 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
             if (kind == TPS_QS_BLOCK && len[j] % q->bn) {
                 const tps_ctensor *wt = &ck->t[idx[j]];
                 char works[300];
-                fused_block_tps(works, sizeof works, C, f, idx, nrows_of, q->bn);
+                fused_block_tps(works, sizeof works, f, nrows_of, heads, q->bn);
                 refuse(C, "tensor '%s' is FP8 in blocks of %llu x %llu: layout %s fuses it into "
                           "'%s', and a rank's %llu rows of it at tp %d are not whole blocks, so "
                           "the engine would pair scale blocks with the wrong rows (tp values "
@@ -1042,7 +1040,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
     const tps_ckpt *ck = C->ck;
     const tps_ctensor *t0 = &ck->t[idx[0]];
     char works[300];
-    uint64_t unit[16], heads[16];
+    uint64_t heads[16];
     for (size_t j = 0; j < f->nparts; j++) {
         const tps_ctensor *t = &ck->t[idx[j]];
         const tps_lpart *p = &f->parts[j];
@@ -1098,7 +1096,6 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                 return TPS_OK;
             }
             heads[j] = h;
-            unit[j] = rows / h;
         } else {
             if (L->spec->exact && rows % (uint64_t)C->tp) {
                 works_list(works, sizeof works, rows, 0, ok_divides);
@@ -1113,7 +1110,6 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                 return TPS_OK;
             }
             heads[j] = 0;
-            unit[j] = 0;
         }
     }
     char *name = own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, param));
@@ -1159,17 +1155,9 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
     for (int r = 0; r < C->tp; r++) {
         uint64_t lo[16], len[16], total = 0;
         for (size_t j = 0; j < f->nparts; j++) {
-            uint64_t rows = nrows[j];
-            if (heads[j] && heads[j] % (uint64_t)C->tp == 0) {
-                len[j] = rows / (uint64_t)C->tp;
-                lo[j] = (uint64_t)r * len[j];
-            } else if (heads[j]) { /* fewer heads than ranks: head r / (tp / heads), whole */
-                uint64_t rep = (uint64_t)C->tp / heads[j];
-                lo[j] = (uint64_t)r / rep * unit[j];
-                len[j] = unit[j];
-            } else {
-                split_range(rows, C->tp, r, L->spec->exact, &lo[j], &len[j]);
-            }
+            /* checked above: every part splits at this tp */
+            part_rows(nrows[j], heads[j], f->parts[j].replicate, C->tp, r, L->spec->exact, &lo[j],
+                      &len[j]);
             total += len[j];
         }
         uint64_t shape[TPS_MAX_DIMS];

@@ -57,33 +57,9 @@ static void jw_printf(jw *w, const char *fmt, ...)
     else jw_put(w, tmp, (size_t)n);
 }
 
-static void jw_escaped(jw *w, const char *s)
-{
-    jw_put(w, "\"", 1);
-    const unsigned char *p = (const unsigned char *)s, *run = p;
-    for (; *p; p++) {
-        const char *esc = NULL;
-        char u[8];
-        switch (*p) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        default:
-            if (*p < 0x20) {
-                snprintf(u, sizeof u, "\\u%04x", *p);
-                esc = u;
-            }
-        }
-        if (!esc) continue;
-        jw_put(w, (const char *)run, (size_t)(p - run));
-        jw_puts(w, esc);
-        run = p + 1;
-    }
-    jw_put(w, (const char *)run, (size_t)(p - run));
-    jw_put(w, "\"", 1);
-}
+static void jw_sink(void *user, const char *p, size_t n) { jw_put(user, p, n); }
+
+static void jw_escaped(jw *w, const char *s) { tps_json_quote(s, jw_sink, w); }
 
 static void jw_pre(jw *w)
 {
@@ -581,46 +557,13 @@ tps_err tps_merge_json(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, i
     return jw_finish(ctx, &w, out);
 }
 
-typedef struct {
-    const char *kind;
-    unsigned passed, failed;
-} kind_count;
-
 tps_err tps_verify_json(tps_ctx *ctx, const tps_verify_opts *o, const tps_verify_report *R,
                         char **out)
 {
-    kind_count kinds[16];
-    size_t n = tps_verify_report_count(R), nk = 0;
-    unsigned passed = 0, failed = 0;
-    for (size_t i = 0; i < n; i++) {
-        const tps_verify_row *r = tps_verify_report_row(R, i);
-        if (r->ok) passed++;
-        else failed++;
-        size_t k;
-        for (k = 0; k < nk; k++)
-            if (!strcmp(kinds[k].kind, r->kind)) break;
-        if (k == nk && nk < sizeof kinds / sizeof kinds[0]) {
-            kinds[nk].kind = r->kind;
-            kinds[nk].passed = kinds[nk].failed = 0;
-            nk++;
-        }
-        if (k < nk) {
-            if (r->ok) kinds[k].passed++;
-            else kinds[k].failed++;
-        }
-    }
-    /* kinds in a fixed order, unknown ones after */
-    static const char *const order[] = {"reconstruct", "replicated", "crc", "colwise",
-                                        "rowwise",     "embedding",  "mlp", "attn"};
-    size_t placed = 0;
-    for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++)
-        for (size_t k = placed; k < nk; k++)
-            if (!strcmp(kinds[k].kind, order[oi])) {
-                kind_count t = kinds[placed];
-                kinds[placed++] = kinds[k];
-                kinds[k] = t;
-                break;
-            }
+    tps_verify_kind_count kinds[16];
+    unsigned passed, failed;
+    size_t nk = tps_verify_report_kinds(R, kinds, sizeof kinds / sizeof kinds[0], &passed, &failed);
+    size_t n = tps_verify_report_count(R);
     double secs = tps_verify_report_seconds(R);
     uint64_t bytes = tps_verify_report_bytes(R);
     jw w = {0};

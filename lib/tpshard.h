@@ -431,6 +431,15 @@ void tps_verify_report_free(tps_verify_report *r);
 size_t tps_verify_report_count(const tps_verify_report *r);
 const tps_verify_row *tps_verify_report_row(const tps_verify_report *r, size_t i);
 int tps_verify_report_ok(const tps_verify_report *r);
+/* The checks counted by kind ("reconstruct", "colwise", ...): the usual kinds
+ * in a fixed order, others after, up to cap of them in out; returns how many,
+ * and the totals over every check in *passed and *failed. */
+typedef struct {
+    const char *kind;
+    unsigned passed, failed;
+} tps_verify_kind_count;
+size_t tps_verify_report_kinds(const tps_verify_report *r, tps_verify_kind_count *out, size_t cap,
+                               unsigned *passed, unsigned *failed);
 const char *tps_verify_report_backend(const tps_verify_report *r); /* "cpu", "cuda (H200...)" */
 double tps_verify_report_seconds(const tps_verify_report *r);
 /* Of tps_verify_report_seconds: opening the backend (GPU contexts, NCCL bootstrap). */

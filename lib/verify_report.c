@@ -97,3 +97,36 @@ int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, do
     if (!ok) R->ok = 0;
     return 0;
 }
+
+size_t tps_verify_report_kinds(const tps_verify_report *R, tps_verify_kind_count *kinds, size_t cap,
+                               unsigned *passed, unsigned *failed)
+{
+    size_t nk = 0;
+    *passed = *failed = 0;
+    for (size_t i = 0; i < R->n; i++) {
+        const tps_verify_row *r = &R->rows[i];
+        if (r->ok) ++*passed;
+        else ++*failed;
+        size_t k;
+        for (k = 0; k < nk; k++)
+            if (!strcmp(kinds[k].kind, r->kind)) break;
+        if (k == nk && nk < cap) kinds[nk++] = (tps_verify_kind_count){r->kind, 0, 0};
+        if (k < nk) {
+            if (r->ok) kinds[k].passed++;
+            else kinds[k].failed++;
+        }
+    }
+    /* kinds in a fixed order, unknown ones after */
+    static const char *const order[] = {"reconstruct", "replicated", "crc", "colwise",
+                                        "rowwise",     "embedding",  "mlp", "attn"};
+    size_t placed = 0;
+    for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++)
+        for (size_t k = placed; k < nk; k++)
+            if (!strcmp(kinds[k].kind, order[oi])) {
+                tps_verify_kind_count t = kinds[placed];
+                kinds[placed++] = kinds[k];
+                kinds[k] = t;
+                break;
+            }
+    return nk;
+}

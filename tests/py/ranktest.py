@@ -112,3 +112,35 @@ def first_diff(a, b):
     n = min(len(a), len(b))
     i = next((k for k in range(n) if a[k] != b[k]), n)
     return f"lengths {len(a)} vs {len(b)}, first difference at byte {i}"
+
+
+def rank_file_problems(out, model, want, tp, engine=False):
+    """What is wrong with a split's rank files against the oracle's tensors
+    want ([{name: (dtype, shape, bytes)}] per rank), and its config.json
+    (beside them, the source's own): a list of lines."""
+    ranks, problems = read_rank_files(out, tp)
+    for r in sorted(ranks):
+        problems += compare(want[r], ranks[r], f"rank {r}", engine=engine)
+    cfg = os.path.join(out, "config.json")
+    if not os.path.exists(cfg):
+        problems.append("no config.json beside the rank files" +
+                        (" (the engine builds the model from it)" if engine else ""))
+    else:
+        with open(cfg) as f, open(os.path.join(model, "config.json")) as g:
+            if json.load(f) != json.load(g):
+                problems.append("config.json differs from the source's")
+    return problems
+
+
+def refusal_problems(rc, stderr, out, word, rule):
+    """A refused split: exit 1, the error naming word, no .safetensors under
+    out. rule: why the oracle refuses, said when the error lacks word."""
+    problems = []
+    if rc != 1:
+        problems.append(f"exit status {rc}, not 1")
+    if word not in stderr:
+        problems.append(f"the error does not name {word} ({rule})")
+    left = glob.glob(os.path.join(out, "**", "*.safetensors"), recursive=True)
+    if left:
+        problems.append(f"left {[os.path.relpath(x, out) for x in left]}")
+    return problems

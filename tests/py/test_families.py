@@ -29,7 +29,6 @@ Run with build/venv/bin/python; env TPSHARD (binary), TOP (repo root), TPS_TMP
 import glob
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -52,8 +51,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle as fo  # noqa: E402
 import ranktest  # noqa: E402
-from ranktest import (RANK_FILE, compare, first_diff, flip_bit, read_rank_files,  # noqa: E402,F401
-                      report, source_files)
+from ranktest import compare, first_diff, flip_bit, read_rank_files, report, source_files  # noqa: E402
 import gen  # noqa: E402
 
 ALL = ("dtensor", "vllm", "sglang")
@@ -202,16 +200,7 @@ def case_name(label, layout, tp, ep):
 # ------------------------------------------------------------------ checks
 
 def check_rank_files(out, model, want, tp, name):
-    ranks, problems = read_rank_files(out, tp)
-    for r in sorted(ranks):
-        problems += compare(want[r], ranks[r], f"rank {r}")
-    cfg = os.path.join(out, "config.json")
-    if not os.path.exists(cfg):
-        problems.append("no config.json beside the rank files")
-    else:
-        with open(cfg) as f, open(os.path.join(model, "config.json")) as g:
-            if json.load(f) != json.load(g):
-                problems.append("config.json differs from the source's")
+    problems = ranktest.rank_file_problems(out, model, want, tp)
     n = sum(len(w) for w in want)
     report(not problems, f"{name}: {tp} rank(s) hold exactly the oracle's {n} tensors, format pt",
            "\n".join(problems))
@@ -293,14 +282,7 @@ def check_refusal(label, model_label, layout, tp, ep, word):
         return
     out = os.path.join(TMP, "r-" + case_name(model_label, layout, tp, ep).replace(" ", "_"))
     rc, so_, se = tps(*split_args(model, tp, layout, ep, out))
-    problems = []
-    if rc != 1:
-        problems.append(f"exit status {rc}, not 1")
-    if word not in se:
-        problems.append(f"the error does not name {word} (the rule: {why})")
-    left = glob.glob(os.path.join(out, "**", "*.safetensors"), recursive=True)
-    if left:
-        problems.append(f"left {[os.path.relpath(x, out) for x in left]}")
+    problems = ranktest.refusal_problems(rc, se, out, word, f"the rule: {why}")
     report(not problems, f"{name}: exit 1, the error names {word}, no .safetensors written",
            "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
 

@@ -52,7 +52,7 @@ sys.path.insert(0, HERE)
 import quant_oracle as qo  # noqa: E402
 import serving_oracle as so  # noqa: E402
 import ranktest  # noqa: E402
-from ranktest import RANK_FILE, compare, first_diff, report  # noqa: E402,F401
+from ranktest import first_diff, report  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="pyquant.", dir=os.environ.get("TPS_TMP") or None)
 
@@ -166,16 +166,7 @@ def check_split(preset, layout, tp, optional=False):
             return None
         report(False, f"{name}: split", f"rc {rc}\n{se}{so_}")
         return None
-    ranks, problems = ranktest.read_rank_files(out, tp)
-    for r in sorted(ranks):
-        problems += compare(want[r], ranks[r], f"rank {r}")
-    cfg = os.path.join(out, "config.json")
-    if not os.path.exists(cfg):
-        problems.append("no config.json beside the rank files")
-    else:
-        with open(cfg) as f, open(os.path.join(m, "config.json")) as g:
-            if json.load(f) != json.load(g):
-                problems.append("config.json differs from the source's")
+    problems = ranktest.rank_file_problems(out, m, want, tp)
     n = sum(len(w) for w in want)
     report(not problems, f"{name} ({qo.describe(m)}): {tp} rank(s) hold exactly the oracle's "
            f"{n} tensors", "\n".join(summarize(problems)))

@@ -19,9 +19,7 @@ Run with build/venv/bin/python; env TPSHARD (binary), TOP (repo root),
 TPS_TMP (scratch).  Prints "ok - ..." / "not ok - ..." / "skip - ..." lines.
 """
 import glob
-import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -44,8 +42,7 @@ sys.path.insert(0, os.path.join(TOP, "testdata"))
 import gen  # noqa: E402
 import serving_oracle as so  # noqa: E402
 import ranktest  # noqa: E402
-from ranktest import (compare, first_diff, flip_bit, read_rank_files, report,  # noqa: E402
-                      source_files)
+from ranktest import first_diff, flip_bit, report, source_files  # noqa: E402
 import jsonlog  # noqa: E402
 
 BOTH = ("vllm", "sglang")
@@ -126,16 +123,7 @@ def check_split(label, model, tp, layout):
     if rc != 0:
         report(False, f"{name}: split", f"rc {rc}\n{se}{so_}")
         return None
-    ranks, problems = read_rank_files(out, tp)
-    for r in sorted(ranks):
-        problems += compare(want[r], ranks[r], f"rank {r}", engine=True)
-    cfg = os.path.join(out, "config.json")
-    if not os.path.exists(cfg):
-        problems.append("no config.json beside the rank files (the engine builds the model from it)")
-    else:
-        with open(cfg) as f, open(os.path.join(model, "config.json")) as g:
-            if json.load(f) != json.load(g):
-                problems.append("config.json differs from the source's")
+    problems = ranktest.rank_file_problems(out, model, want, tp, engine=True)
     n = sum(len(w) for w in want)
     report(not problems, f"{name}: {tp} rank(s) hold exactly the oracle's {n} tensors, format pt",
            "\n".join(problems))
@@ -192,14 +180,7 @@ def check_refusal(label, model, tp, layout, field):
         return
     out = os.path.join(TMP, f"r-{label}-{layout}-tp{tp}")
     rc, so_, se = tps("split", model, "--tp", tp, "--layout", layout, "-o", out, "-q")
-    problems = []
-    if rc != 1:
-        problems.append(f"exit status {rc}, not 1")
-    if field not in se:
-        problems.append(f"the error does not name {field} (the engine's rule: {why})")
-    left = glob.glob(os.path.join(out, "**", "*.safetensors"), recursive=True)
-    if left:
-        problems.append(f"left {[os.path.relpath(x, out) for x in left]}")
+    problems = ranktest.refusal_problems(rc, se, out, field, f"the engine's rule: {why}")
     report(not problems, f"{name}: exit 1, the error names {field}, no .safetensors written",
            "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
 
