@@ -136,7 +136,11 @@ build/gen_llama: bench/gen_llama.c
 	@mkdir -p build
 	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $<
 
-tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama
+build/tests/peakrss: tests/util/peakrss.c
+	@mkdir -p $(dir $@)
+	$(CC) -O2 -std=c11 -Wall -Wextra -o $@ $<
+
+tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama build/tests/peakrss
 
 # The README's test command. Ends with one line "N passed, M failed".
 test: tests-bin

@@ -624,12 +624,12 @@ typedef struct {
     int rank;
     tps_dtype dtype;
     int ndim;
+    int simple;      /* exactly one source piece under the source tensor's own name */
     const uint64_t *shape; /* ndim of them, in L->shape_chunks */
     uint64_t nbytes;
     size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
-    int simple;      /* exactly one source piece under the source tensor's own name */
-} tps_rtensor;
+} tps_rtensor;   /* 64 bytes: 151k of them for an MoE of 18,867 tensors at tp 8 */
 
 struct tps_layout {
     const tps_ckpt *ck;

@@ -1667,25 +1667,28 @@ static tps_err sort_regions(cstate *C)
     tps_layout *L = C->L;
     size_t n = L->nregions;
     size_t *ord = tps_xmalloc((n ? n : 1) * sizeof *ord), *pos = tps_xmalloc((n ? n : 1) * sizeof *pos);
-    tps_region *nr = tps_xmalloc((n ? n : 1) * sizeof *nr);
-    if (!ord || !pos || !nr) {
+    if (!ord || !pos) {
         free(ord);
         free(pos);
-        free(nr);
         return nomem(C);
     }
     for (size_t k = 0; k < n; k++) ord[k] = k;
     qsort_r(ord, n, sizeof *ord, region_cmp, L->regions);
-    for (size_t k = 0; k < n; k++) {
-        nr[k] = L->regions[ord[k]];
-        pos[ord[k]] = k;
-    }
+    for (size_t k = 0; k < n; k++) pos[ord[k]] = k;
+    free(ord);
     for (size_t pi = 0; pi < L->npieces; pi++)
         if (L->pieces[pi].kind == TPS_PK_SRC) L->pieces[pi].region = pos[L->pieces[pi].region];
-    free(L->regions);
-    L->regions = nr;
-    L->cap_regions = n;
-    free(ord);
+    /* Moved in place along the permutation's cycles (a sorted copy was
+     * 7 MB more at the peak for an MoE of 151k regions). */
+    for (size_t k = 0; k < n; k++)
+        while (pos[k] != k) {
+            size_t j = pos[k];
+            tps_region t = L->regions[j];
+            L->regions[j] = L->regions[k];
+            L->regions[k] = t;
+            pos[k] = pos[j];
+            pos[j] = j;
+        }
     free(pos);
     return TPS_OK;
 }
