@@ -1956,7 +1956,8 @@ out:
     if (!rc && C.why[0]) {
         int shown = 0;
         for (size_t k = 0; k < L->nchecks; k++) shown |= L->checks[k].ok == 0;
-        if (s && !shown) add_check(&C, "layout rules", 0, C.why);
+        /* plan's checks list shows why, as it does a check's refusal */
+        if (!shown) add_check(&C, s ? "layout rules" : "plan rules", 0, C.why);
         free(L->rejected);
         L->rejected = tps_strdup(C.why);
         if (!L->rejected) rc = nomem(&C);

@@ -630,6 +630,8 @@ static tps_err parse_check(const pctx *pc, const ynode *m, tps_pcheck *ck)
     return TPS_OK;
 }
 
+static int expr_syntax(const char *expr, char *why, size_t whylen);
+
 /* packed: [{match: PATTERN(S), sections: [{name: LEAF, rows: EXPR}, ...]}] */
 static tps_err parse_packed(const pctx *pc, const ynode *v, tps_plan *p)
 {
@@ -660,9 +662,8 @@ static tps_err parse_packed(const pctx *pc, const ynode *v, tps_plan *p)
             TPS_TRY(get_str(pc, sv[1], "rows", &sec->rows));
             /* the expression's syntax now; its fields when a config is at hand */
             char why[256];
-            uint64_t dummy;
-            if (tps_expr_eval(sec->rows, NULL, &dummy, why, sizeof why) && strstr(why, "syntax"))
-                return perr(pc, sv[1]->line, "section '%s': %s", sec->name, why);
+            if (expr_syntax(sec->rows, why, sizeof why))
+                return perr(pc, sv[1]->line, "section '%s': rows '%s': %s", sec->name, sec->rows, why);
         }
     }
     return TPS_OK;
@@ -1828,6 +1829,7 @@ typedef struct {
     char *why;
     size_t whylen;
     int err;
+    int syntax; /* only the syntax: every field reads as 1, no arithmetic refusals */
 } ex;
 
 static void ex_fail(ex *e, const char *fmt, const char *arg)
@@ -1845,6 +1847,7 @@ static uint64_t ex_sum(ex *e);
 
 static uint64_t ex_field(ex *e, const char *name)
 {
+    if (e->syntax) return 1;
     const cJSON *v = tps_config_get(e->config, name);
     if (!v && !strcmp(name, "head_dim")) {
         /* transformers' default: hidden_size / num_attention_heads */
@@ -1905,7 +1908,9 @@ static uint64_t ex_prod(ex *e)
         e->s++;
         uint64_t w = ex_atom(e);
         if (e->err) return 0;
-        if (op == '*') {
+        if (e->syntax) {
+            v = 1;
+        } else if (op == '*') {
             if (tps_mul_ovf(v, w, &v)) ex_fail(e, "%s", "product overflows");
         } else if (!w || v % w) {
             char b[64];
@@ -1926,10 +1931,23 @@ static uint64_t ex_sum(ex *e)
         if (op != '+' && op != '-') return v;
         e->s++;
         uint64_t w = ex_prod(e);
-        if (op == '+') v += w;
+        if (e->syntax) v = 1;
+        else if (op == '+') v += w;
         else if (w > v) ex_fail(e, "%s", "difference is negative");
         else v -= w;
     }
+}
+
+/* 0 when expr parses (fields and numbers under + - * / and parentheses),
+ * else -1 with why. */
+static int expr_syntax(const char *expr, char *why, size_t whylen)
+{
+    ex e = {.s = expr, .why = why, .whylen = whylen, .syntax = 1};
+    if (whylen) why[0] = 0;
+    ex_sum(&e);
+    ex_space(&e);
+    if (!e.err && *e.s) ex_fail(&e, "syntax: unexpected '%s'", e.s);
+    return e.err ? -1 : 0;
 }
 
 int tps_expr_eval(const char *expr, const cJSON *config, uint64_t *out, char *why, size_t whylen)

@@ -279,8 +279,18 @@ def check_refusal(label, model_label, layout, tp, ep, word):
     out = os.path.join(TMP, "r-" + case_name(model_label, layout, tp, ep).replace(" ", "_"))
     rc, so_, se = tps(*split_args(model, tp, layout, ep, out))
     problems = ranktest.refusal_problems(rc, se, out, word, f"the rule: {why}")
-    report(not problems, f"{name}: exit 1, the error names {word}, no .safetensors written",
-           "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
+    # plan says the same before anything is written: a failed check naming it
+    pargs = ["plan", model, "--tp", tp, "--json"] + split_args(model, tp, layout, ep, out)[7:]
+    prc, pso, pse = tps(*pargs)
+    try:
+        checks = json.loads(pso).get("checks") or []
+    except ValueError:
+        checks = []
+    if prc != 1 or not any(c.get("verdict") == "fail" and word in json.dumps(c) for c in checks):
+        problems.append(f"plan {' '.join(map(str, pargs[2:]))}: exit {prc}, no failed check naming {word}: "
+                        f"{checks}\n{pse.strip()}")
+    report(not problems, f"{name}: exit 1, the error names {word}, no .safetensors written; plan's "
+                         f"checks show it", "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
 
 
 # ------------------------------------------------------------------ the user's family

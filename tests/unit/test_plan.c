@@ -403,6 +403,31 @@ static void test_errors(void)
                 "truthy: true}, reason: r}\n", "not both", NULL);
     parse_fails("name: x\ndescription: \"a\\0b\"\nrules: []\n", "NUL", NULL);
 
+    /* Packed sections: a malformed rows expression is refused when the plan
+     * is read, wherever the error lies (after a field, too), not when a
+     * checkpoint first uses it. */
+    static const char *const bad_rows[][2] = {
+        {"num_attention_heads * * head_dim", "syntax: expected a number, a field or '('"},
+        {"(num_key_value_heads * head_dim", "syntax: missing ')'"},
+        {"heads * 2 )", "syntax: unexpected ')'"},
+        {"hidden_size % 2", "syntax: unexpected '% 2'"},
+        {"2 +", "syntax: expected a number"},
+    };
+    for (size_t i = 0; i < sizeof bad_rows / sizeof bad_rows[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "name: x\nrules: []\npacked:\n  - match: m.*.qkv_proj\n    sections:\n"
+                 "      - {name: q_proj, rows: 'hidden_size'}\n      - {name: k_proj, rows: '%s'}\n",
+                 bad_rows[i][0]);
+        parse_fails(text, "t.yaml:7: section 'k_proj': rows", bad_rows[i][1]);
+    }
+    /* Well formed, with fields no config has yet: fine until used. */
+    tps_plan *pk = parse("name: x\nrules: []\npacked:\n  - match: m.*.qkv_proj\n    sections:\n"
+                         "      - {name: q_proj, rows: 'num_heads * head_dim'}\n"
+                         "      - {name: k_proj, rows: '(kv + 1) * (d / 2) - 3'}\n");
+    CHECK(pk != NULL);
+    tps_plan_free(pk);
+
     /* Nesting: 64 levels are fine in the tree, 65 are not. */
     char deep[400];
     size_t k = 0;
