@@ -53,9 +53,10 @@ typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2 } task_kind;
 /* CONTIG: bytes [a, b) of one region, which are one run of its source
  * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
  * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
- * slices of each row. MULTI: regions g0 .. g0 + ng, each one run of its
- * tensor, lying back to back in source file `file` from byte `src` on, b
- * bytes in all: small tensors (a MoE's experts) read in one go. */
+ * slices of each row. MULTI: regions g0 .. g0 + ng of small tensors lying
+ * back to back in source file `file` from byte `src` on, b bytes in all,
+ * read in one go (a MoE's experts): each region one run of its tensor, or
+ * all the regions of a tensor split along a later dim, cut from its bytes. */
 typedef struct {
     task_kind kind;
     size_t t;        /* source tensor */
