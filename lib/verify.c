@@ -973,7 +973,10 @@ static tps_err finalize(vctx *V, vunit *u)
         for (int r = 0; r < u->nslot; r++)
             if (V->local[u->slot_rank[r]] && u->piece[r] >= 0) total += tps_va_slot_piece(u, r)->nbytes;
         if (u->mode == MODE_LOGICAL) total = ct->nbytes;
-        if (tps_va_rep_add(V->R, ct->name, u->dim < 0 ? "replicated" : "reconstruct", 0, 0, wrong, total,
+        /* Whole, but on some ranks only (an expert under split --ep): not
+         * a replica of anything, so not called one. */
+        const char *kind = u->dim >= 0 ? "reconstruct" : ct->npieces < V->tp ? "whole" : "replicated";
+        if (tps_va_rep_add(V->R, ct->name, kind, 0, 0, wrong, total,
                     !u->pre && !wrong, note))
             return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
     }

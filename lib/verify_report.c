@@ -117,8 +117,8 @@ size_t tps_verify_report_kinds(const tps_verify_report *R, tps_verify_kind_count
         }
     }
     /* kinds in a fixed order, unknown ones after */
-    static const char *const order[] = {"reconstruct", "replicated", "crc", "colwise",
-                                        "rowwise",     "embedding",  "mlp", "attn"};
+    static const char *const order[] = {"reconstruct", "replicated", "whole", "crc", "colwise",
+                                        "rowwise",     "embedding",  "mlp",   "attn"};
     size_t placed = 0;
     for (size_t oi = 0; oi < sizeof order / sizeof order[0]; oi++)
         for (size_t k = placed; k < nk; k++)

@@ -252,6 +252,19 @@ def check_and_corrupt(out, model, label, layout, tp, ep, tensor):
     for what, args in (("check", ["check", out]), ("verify --source", ["verify", out, "--source", model, "-q"])):
         rc, so_, se = tps(*args)
         report(rc == 0, f"{name}: {what} passes on the fresh split", f"rc {rc}\n{se}{so_}")
+    if ep:
+        # an expert under --ep is whole on one rank: verify says "whole", not "replicated"
+        rc, so_, se = tps("verify", out, "--source", model, "--json")
+        try:
+            rows = json.loads(so_).get("checks") or []
+        except ValueError:
+            rows = []
+        kinds = {}
+        for c in rows:
+            if ".experts." in c.get("check", "") and c["check"].endswith(".weight"):
+                kinds[c.get("kind")] = kinds.get(c.get("kind"), 0) + 1
+        report(rc == 0 and set(kinds) == {"whole"}, f"{name}: verify calls every expert tensor whole "
+               f"({kinds.get('whole', 0)} of them), none replicated", f"rc {rc} kinds {kinds}\n{se}")
     r = tp - 1
     target = None
     for path in sorted(glob.glob(os.path.join(out, f"model-rank-{r}-part-*.safetensors"))):
