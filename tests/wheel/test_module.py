@@ -489,6 +489,9 @@ def nothing_final(d):
 INTERRUPT = r"""
 import os, signal, sys, time
 import tpshard
+# A shell that starts a job in the background (a CI runner's may) leaves it
+# ignoring SIGINT, and Python then keeps it ignored: take it as a terminal would.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sent = []
 def progress(done, total, tensor):
     if not sent:
