@@ -168,9 +168,9 @@ typedef struct {
     char *name;
     tps_dtype dtype;
     int ndim;
-    uint64_t shape[TPS_MAX_DIMS];
+    const uint64_t *shape; /* ndim of them, in the header's shape chunks */
     uint64_t begin, end; /* relative to the data section */
-} tps_st_tensor_info;
+} tps_st_tensor_info; /* 40 bytes: a sharded MoE's 8 rank files hold 151k */
 
 struct tps_st {
     char *path;
@@ -182,6 +182,8 @@ struct tps_st {
     size_t nmeta;
     char *raw;      /* the header's N bytes as they are in the file */
     size_t raw_len;
+    uint64_t **shape_chunks; /* the tensors' shapes (chunks never move) */
+    size_t nshape_chunks, shape_left;
 };
 
 /* Parses a header buffer (the N bytes after the length). label names the file. */
@@ -203,6 +205,11 @@ typedef struct {
     uint64_t offset; /* out: relative to data section */
     size_t order;    /* out: position in file order */
 } tps_st_entry;
+
+/* Frees the header's __metadata__ (a rank file's: nothing reads it once the
+ * file is part of a sharded checkpoint; DTensor placements are 2 MB a rank
+ * for an MoE of 18,867 tensors). */
+void tps_st_drop_meta(tps_st *st);
 
 /* meta: NULL-terminated key/value pairs (keys[i], vals[i]), may be NULL.
  * Returns the full prefix (8-byte length + padded header) in *hdr. */

@@ -43,6 +43,27 @@ static void st_free_fields(tps_st *st)
     free(st->mvals);
     free(st->path);
     free(st->raw);
+    for (size_t i = 0; i < st->nshape_chunks; i++) free(st->shape_chunks[i]);
+    free(st->shape_chunks);
+}
+
+#define SHAPE_CHUNK 8192 /* uint64s */
+
+/* A home for n dims (n <= TPS_MAX_DIMS) that never moves; NULL: no memory. */
+static uint64_t *shape_slot(tps_st *st, int n)
+{
+    if (st->shape_left < (size_t)n || !st->nshape_chunks) {
+        uint64_t **nc = realloc(st->shape_chunks, (st->nshape_chunks + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        st->shape_chunks = nc;
+        nc[st->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t));
+        if (!nc[st->nshape_chunks]) return NULL;
+        st->nshape_chunks++;
+        st->shape_left = SHAPE_CHUNK;
+    }
+    uint64_t *sh = st->shape_chunks[st->nshape_chunks - 1] + (SHAPE_CHUNK - st->shape_left);
+    st->shape_left -= (size_t)n;
+    return sh;
 }
 
 void tps_st_free(tps_st *st)
@@ -353,9 +374,10 @@ static tps_err parse_metadata(jp *p, tps_st *st)
     }
 }
 
-static tps_err parse_tensor(jp *p, const char *name, tps_st_tensor_info *t)
+static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_info *t)
 {
     const char *label = p->label;
+    uint64_t shape[TPS_MAX_DIMS];
     jws(p);
     if (jpeek(p) < 0) return jbad(p, "the header ends in the middle of an entry");
     if (jpeek(p) != '{')
@@ -383,7 +405,7 @@ static tps_err parse_tensor(jp *p, const char *name, tps_st_tensor_info *t)
                     rc = tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': unknown dtype '%.64s'", label, name, dt);
                 free(dt);
             } else if (!rc && seen == &have_sh) {
-                rc = juint_array(p, name, "shape", t->shape, TPS_MAX_DIMS, &t->ndim);
+                rc = juint_array(p, name, "shape", shape, TPS_MAX_DIMS, &t->ndim);
             } else if (!rc && seen == &have_of) {
                 uint64_t o[3];
                 int cnt = 0;
@@ -411,6 +433,10 @@ static tps_err parse_tensor(jp *p, const char *name, tps_st_tensor_info *t)
     if (t->begin > t->end)
         return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu",
                         label, name, (unsigned long long)t->begin, (unsigned long long)t->end);
+    uint64_t *sh = shape_slot(st, t->ndim);
+    if (!sh) return tps_fail(p->ctx, TPS_E_NOMEM, "%s: out of memory", label);
+    memcpy(sh, shape, sizeof(uint64_t) * (size_t)t->ndim);
+    t->shape = sh;
     int ovf, mis;
     uint64_t nb = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
     if (ovf)
@@ -471,7 +497,7 @@ static tps_err parse_top(jp *p, tps_st *st)
                 if (!rc) {
                     tps_st_tensor_info *t = &st->t[st->n];
                     memset(t, 0, sizeof *t);
-                    rc = parse_tensor(p, name, t);
+                    rc = parse_tensor(p, st, name, t);
                     if (!rc) {
                         t->name = name;
                         name = NULL;
@@ -666,6 +692,18 @@ void tps_st_tensor(const tps_st *st, size_t i, tps_tensor_view *v)
 }
 
 size_t tps_st_meta_count(const tps_st *st) { return st->nmeta; }
+
+void tps_st_drop_meta(tps_st *st)
+{
+    for (size_t i = 0; i < st->nmeta; i++) {
+        free(st->mkeys[i]);
+        free(st->mvals[i]);
+    }
+    free(st->mkeys);
+    free(st->mvals);
+    st->mkeys = st->mvals = NULL;
+    st->nmeta = 0;
+}
 
 void tps_st_meta(const tps_st *st, size_t i, const char **key, const char **val)
 {

@@ -398,12 +398,13 @@ def test_large_moe(ep_ok):
                 if f.read() != g.read():
                     problems.append("merge did not give back model.safetensors byte for byte")
         # split's bar is any split's (64 MiB); check, verify and merge hold
-        # every rank file's header at once (151k rank tensors): 256 MiB
-        big = {k: v for k, v in rss.items() if v > (64 if k == "split" else 256) * 1024}
+        # every rank file's header and the manifest's text at once (151k rank
+        # tensors: 69-77 MiB measured), 128 MiB
+        big = {k: v for k, v in rss.items() if v > (64 if k == "split" else 128) * 1024}
         # a sanitized build's redzones and quarantine inflate RSS: the bar is
         # for the real build (make test SANITIZE=... says so in TPS_SANITIZE)
         if big and not os.environ.get("TPS_SANITIZE"):
-            problems.append(f"peak RSS above the bar (split 64 MiB, others 256 MiB): {big} KiB")
+            problems.append(f"peak RSS above the bar (split 64 MiB, others 128 MiB): {big} KiB")
         shown = ", ".join(f"{k} {v / 1024:.0f} MiB" for k, v in rss.items())
         report(not problems, f"{name}: oracle's tensors, check, verify --source, merge pass; peak RSS "
                              f"{shown}" + (" (sanitized build: no RSS bar)"
