@@ -55,6 +55,22 @@ int tps_mul_ovf(uint64_t a, uint64_t b, uint64_t *out); /* 1 on overflow */
 
 /* Whole small file into memory (NUL-terminated), bounded by max. */
 tps_err tps_read_file(tps_ctx *ctx, const char *path, size_t max, char **buf, size_t *len);
+/* A text file to scan front to back, perhaps more than once (a manifest of
+ * 151k rank tensors is 25 MB). At tps_text_map_min bytes and more it is
+ * mapped, and while it is open on this thread the scanners' calls to
+ * tps_text_behind(p) let the pages behind p go from RSS (a private mapping
+ * faults them back in from the file when read again); smaller files are
+ * read whole. p is not NUL-terminated: use len. */
+typedef struct {
+    char *p;
+    size_t len;
+    int mapped;
+    const char *done; /* mapped: the pages before it have been let go */
+} tps_text;
+extern size_t tps_text_map_min;
+tps_err tps_text_open(tps_ctx *ctx, const char *path, size_t max, tps_text *t);
+void tps_text_close(tps_text *t);
+void tps_text_behind(const char *p);
 /* pread loop; short file -> TPS_E_FORMAT "truncated". */
 tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off);
 tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf, size_t len,

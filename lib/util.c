@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -207,6 +208,59 @@ tps_err tps_read_file(tps_ctx *ctx, const char *path, size_t max, char **buf, si
     return TPS_OK;
 }
 
+size_t tps_text_map_min = 1u << 20;
+
+#define TEXT_STEP (1u << 20) /* bytes scanned past the last let-go before the next */
+
+/* The mapped text open on this thread, whose pages tps_text_behind lets go. */
+static _Thread_local tps_text *text_cur;
+
+tps_err tps_text_open(tps_ctx *ctx, const char *path, size_t max, tps_text *t)
+{
+    memset(t, 0, sizeof *t);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return tps_fail(ctx, TPS_E_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    int big = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (uint64_t)st.st_size <= max &&
+              (uint64_t)st.st_size >= tps_text_map_min && st.st_size > 0;
+    void *m = big ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0) : MAP_FAILED;
+    close(fd);
+    if (m == MAP_FAILED) return tps_read_file(ctx, path, max, &t->p, &t->len); /* its checks, its errors */
+    t->p = m;
+    t->len = (size_t)st.st_size;
+    t->mapped = 1;
+    t->done = t->p;
+    text_cur = t;
+    return TPS_OK;
+}
+
+void tps_text_close(tps_text *t)
+{
+    if (text_cur == t) text_cur = NULL;
+    if (t->mapped) munmap(t->p, t->len);
+    else free(t->p);
+    memset(t, 0, sizeof *t);
+}
+
+void tps_text_behind(const char *p)
+{
+    tps_text *t = text_cur;
+    if (!t || p < t->p || p > t->p + t->len) return; /* not the open text's */
+    static size_t page;
+    if (!page) {
+        long ps = sysconf(_SC_PAGESIZE);
+        page = ps > 0 ? (size_t)ps : 4096;
+    }
+    const char *to = t->p + ((size_t)(p - t->p) & ~(page - 1));
+    if (to < t->done) { /* a new pass from further back */
+        t->done = to;
+        return;
+    }
+    if ((size_t)(to - t->done) < TEXT_STEP) return;
+    madvise((void *)t->done, (size_t)(to - t->done), MADV_DONTNEED);
+    t->done = to;
+}
+
 tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off)
 {
     char *p = buf;
@@ -342,7 +396,12 @@ tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst)
 int tps_utf8_valid(const char *s, size_t len)
 {
     const unsigned char *p = (const unsigned char *)s, *e = p + len;
+    const unsigned char *step = p;
     while (p < e) {
+        if (p >= step) { /* a mapped text's pages behind may go */
+            tps_text_behind((const char *)p);
+            step = p + 65536;
+        }
         unsigned c = *p;
         if (c < 0x80) { p++; continue; }
         int n;
@@ -370,6 +429,7 @@ static const char *json_prescan(const char *s, size_t len, int max)
 {
     int depth = 0, in_str = 0;
     for (size_t i = 0; i < len; i++) {
+        if (!(i & 0xFFFF)) tps_text_behind(s + i);
         unsigned char c = (unsigned char)s[i];
         if (in_str) {
             if (c < 0x20) return "a raw control character inside a string (a name or value; JSON requires escapes)";
