@@ -388,7 +388,9 @@ static const char *js_skip(const char *p, const char *e)
             if (!depth) return NULL;
             p++;
         } else {
-            while (p < e && !strchr(" \t\r\n,:]}[{\"", *p)) p++;
+            const char *q = p;
+            while (p < e && *p && !strchr(" \t\r\n,:]}[{\"", *p)) p++;
+            if (p == q) return NULL; /* a NUL byte: no JSON token starts there */
         }
     } while (depth > 0);
     return p;
@@ -505,7 +507,7 @@ static const char *ck_keep(tps_ckpt *ck, const char *s)
     return d;
 }
 
-static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, const tps_text *tx)
 {
     size_t *rank_files = NULL, *rank_start = NULL;
     unsigned char **seen = NULL;
@@ -515,12 +517,8 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     static const char *const big[] = {"tensors", "rank_tensors"};
     js_span sp[2];
     js_iter it = {0};
-    /* Mapped when big, its pages let go behind each pass over it (25 MB of
-     * text for 151k rank tensors) */
-    tps_text tx;
-    TPS_CHECK(tps_text_open(ctx, mpath, MAX_JSON_FILE, &tx));
-    text = tx.p;
-    tlen = tx.len;
+    text = tx->p;
+    tlen = tx->len;
     if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
         /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
         rest = malloc(tlen + 8);
@@ -752,6 +750,7 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                     "%s: tensor '%s': ranks must list all %d ranks", mpath, t->name, ck->tp);
         TPS_FAIL_IF(!t->placement, ctx, TPS_E_NOMEM, "out of memory");
         size_t nr = (size_t)cJSON_GetArraySize(rs);
+        t->nlisted = (int)nr;
         t->pieces = pool + used;
         used += nr;
         /* primaries first, replicas at the end of this tensor's share */
@@ -975,12 +974,49 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     }
 out:
     cJSON_Delete(it.el);
-    tps_text_close(&tx);
     free(rest);
     for (size_t fi = 0; seen && fi < ck->nfiles; fi++) free(seen[fi]);
     free(seen);
     free(rank_files);
     free(rank_start);
+    return rc;
+}
+
+/* The manifest mapped when big, its pages let go behind each pass over it
+ * (25 MB of text for 151k rank tensors), read inside a SIGBUS guard: a
+ * manifest cut short by another process while being read fails the open
+ * instead of killing the process (what open_sharded_text had allocated then
+ * is lost: a leak on that error only). */
+static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    /* on the heap: the scans change it after the sigsetjmp below */
+    tps_text *tx = tps_xcalloc(1, sizeof *tx);
+    if (!tx) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = tps_text_open(ctx, mpath, MAX_JSON_FILE, tx);
+    if (rc) {
+        free(tx);
+        return rc;
+    }
+    int guarded = tx->mapped && tps_guard_hold();
+    tps_guard gd = {.lo = tx->p, .hi = tx->p + tx->len};
+    if (guarded) {
+        if (sigsetjmp(gd.jb, 1)) {
+            tps_guard_leave();
+            tps_guard_release();
+            tps_text_close(tx);
+            free(tx);
+            return tps_fail(ctx, TPS_E_IO, "%s: changed while being read (cut short under its mapping)",
+                            mpath);
+        }
+        tps_guard_enter(&gd);
+    }
+    rc = open_sharded_text(ctx, ck, mpath, tx);
+    if (guarded) {
+        tps_guard_leave();
+        tps_guard_release();
+    }
+    tps_text_close(tx);
+    free(tx);
     return rc;
 }
 

@@ -68,6 +68,7 @@ typedef struct {
     const char *done; /* mapped: the pages before it have been let go */
 } tps_text;
 extern size_t tps_text_map_min;
+extern void (*tps_text_mapped_hook)(const char *path); /* tests: called once mapped */
 tps_err tps_text_open(tps_ctx *ctx, const char *path, size_t max, tps_text *t);
 void tps_text_close(tps_text *t);
 void tps_text_behind(const char *p);
@@ -283,6 +284,8 @@ typedef struct {
     int npieces;
     tps_piece *pieces;  /* dim >= 0: sorted by lo; dim < 0: one per rank (piece 0 is read) */
     int nreplicas;      /* dim >= 0, serving layouts: copies of primary pieces on other ranks */
+    int nlisted;        /* sharded dirs: the manifest's ranks[] entries, whether the rank is
+                         * here or not (npieces counts the present ones) */
     tps_piece *replicas;
     const char *origin; /* the original file name it belongs to (merge) */
     char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */

@@ -209,6 +209,7 @@ tps_err tps_read_file(tps_ctx *ctx, const char *path, size_t max, char **buf, si
 }
 
 size_t tps_text_map_min = 1u << 20;
+void (*tps_text_mapped_hook)(const char *path); /* tests: change the file now */
 
 #define TEXT_STEP (1u << 20) /* bytes scanned past the last let-go before the next */
 
@@ -231,6 +232,7 @@ tps_err tps_text_open(tps_ctx *ctx, const char *path, size_t max, tps_text *t)
     t->mapped = 1;
     t->done = t->p;
     text_cur = t;
+    if (tps_text_mapped_hook) tps_text_mapped_hook(path);
     return TPS_OK;
 }
 
