@@ -82,4 +82,12 @@ expect_stderr_has "tensor-rank entries" "the refusal says why"
 
 [ "$(cksum "$T/m/model.safetensors")" = "$before" ] && ok "the source is never modified" ||
   notok "the source changed"
+
+# A NUL byte between a manifest's array elements: refused by name, not a hang
+# (the member scan once stood still on it).
+mkdir -p "$T/nulman"
+printf '{"format": "tpshard", "tensors": [1\0]}' >"$T/nulman/tpshard.json"
+run timeout -k 5 20 "$TPSHARD" check "$T/nulman"
+if [ "$RC" = 1 ] && grep -qF "tpshard.json" "$ERR"; then ok "a NUL byte in a manifest's array: exit 1 naming tpshard.json"
+else notok "a NUL byte in a manifest's array: exit $RC"; diag "$ERR"; fi
 finish
