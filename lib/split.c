@@ -228,10 +228,26 @@ static tps_err plan_tasks(engine *E)
                 tps_region_geom(E->ck, &L->regions[g + k], &o2, &r2, &s2, &l2);
                 want += l2;
             }
-        if (want) {
+        if (want && row > CHUNK) {
+            /* A row larger than a task's buffers: each region's slice of each
+             * row is one run of the source, copied as CONTIG tasks of at most
+             * CHUNK bytes, in the region's byte order. */
+            for (size_t k = 0; k < ng; k++) {
+                if (!region_written(E, g + k)) continue;
+                uint64_t o2, r2, s2, l2;
+                tps_region_geom(E->ck, &L->regions[g + k], &o2, &r2, &s2, &l2);
+                for (uint64_t o = 0; o < o2; o++)
+                    for (uint64_t a = 0; a < l2; a += CHUNK) {
+                        uint64_t b = a + CHUNK < l2 ? a + CHUNK : l2;
+                        TPS_TRY(add_task(E, (task){.kind = TASK_CONTIG, .t = rg->src, .g0 = g + k,
+                                                   .ng = 1, .a = o * l2 + a, .b = o * l2 + b,
+                                                   .src = o * r2 + s2 + a}, 1));
+                        E->total += b - a;
+                    }
+            }
+        } else if (want) {
             int full = want * 4 >= row; /* reading whole rows wastes little */
             uint64_t rows = CHUNK / row;
-            if (rows == 0) rows = 1;
             for (uint64_t a = 0; a < outer; a += rows) {
                 uint64_t b = a + rows < outer ? a + rows : outer;
                 TPS_TRY(add_task(E, (task){.kind = TASK_ROWS, .t = rg->src, .g0 = g, .ng = ng,
@@ -609,7 +625,8 @@ static char *placements_json(const engine *E, int rank, int part)
         fprintf(f, "],\"offset\":%llu}", (unsigned long long)g->lo);
     }
     fputc('}', f);
-    if (fclose(f) != 0) {
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
         free(s);
         return NULL;
     }
