@@ -975,7 +975,7 @@ static tps_err finalize(vctx *V, vunit *u)
         if (u->mode == MODE_LOGICAL) total = ct->nbytes;
         /* Whole, but on some ranks only (an expert under split --ep): not
          * a replica of anything, so not called one. */
-        const char *kind = u->dim >= 0 ? "reconstruct" : ct->npieces < V->tp ? "whole" : "replicated";
+        const char *kind = u->dim >= 0 ? "reconstruct" : ct->nlisted < V->tp ? "whole" : "replicated";
         if (tps_va_rep_add(V->R, ct->name, kind, 0, 0, wrong, total,
                     !u->pre && !wrong, note))
             return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");

@@ -306,6 +306,29 @@ def check_refusal(label, model_label, layout, tp, ep, word):
                          f"checks show it", "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
 
 
+def check_partial_kinds():
+    """A --ranks directory: a tensor on every rank is 'replicated' although
+    some of its ranks are not written yet; an --ep expert is 'whole'."""
+    model = make_model("qwen3moe-e8")
+    for ep in (False, True):
+        out = os.path.join(TMP, "o-partial" + ("-ep" if ep else ""))
+        rc, so_, se = tps(*split_args(model, 4, "vllm", ep, out), "--ranks", "0-1")
+        rc2, so2, se2 = tps("verify", out, "--source", model, "--json")
+        try:
+            rows = json.loads(so2).get("checks") or []
+        except ValueError:
+            rows = []
+        kinds = {c.get("check"): c.get("kind") for c in rows}
+        norm = kinds.get("model.norm.weight")
+        expert = kinds.get("model.layers.0.mlp.experts.0.up_proj.weight")
+        want_expert = "whole" if ep else "reconstruct"
+        report(rc == 0 and norm == "replicated" and expert == want_expert,
+               f"families: verify of a --ranks 0-1 directory (vllm tp 4{' --ep' if ep else ''}): the final "
+               f"norm is replicated, an expert {want_expert}",
+               f"split rc {rc} {se}; verify rc {rc2}: norm {norm!r}, expert {expert!r}\n{se2}")
+        shutil.rmtree(out, ignore_errors=True)
+
+
 # ------------------------------------------------------------------ the user's family
 
 def test_user_plan():
@@ -482,6 +505,12 @@ def main():
                 import traceback
                 report(False, f"families: refusal {label} ({layout}) raised {type(e).__name__}",
                        traceback.format_exc())
+    if known[("moe", "serving")] and ep_ok:
+        try:
+            check_partial_kinds()
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            report(False, f"families: partial kinds raised {type(e).__name__}", traceback.format_exc())
     if known[("phi3", "serving")]:
         try:
             test_packed_reports()
