@@ -26,6 +26,9 @@ import json
 import os
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tap import fails, report  # noqa: E402
+
 try:
     import jsonschema
     from referencing import Registry
@@ -52,16 +55,6 @@ KINDS = {
 DATA_MAPS = {"dtypes", "summary.kinds"}
 # Values that are config.json's own, whatever their shape.
 OPAQUE = ("config.",)
-FAILS = 0
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:12]:
-            print("#   " + line)
 
 
 def strict(node, under_if=False):
@@ -336,7 +329,7 @@ def main():
            "\n".join(f"{d['where']}: exit {d['rc']}, ok {d['doc'].get('ok')}" for d in bad[:8]))
     coverage(docs)
     renames_fail(docs, strict_v, published_v)
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

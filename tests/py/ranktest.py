@@ -11,23 +11,10 @@ import sys
 import safetensors
 from safetensors import safe_open
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tap import fails, report  # noqa: E402,F401  (the tests import them from here too)
+
 RANK_FILE = re.compile(r"^model-rank-(\d+)-part-(\d+)\.safetensors$")
-FAILS = 0
-
-
-def report(ok, name, why=""):
-    """Prints "ok - name" or "not ok - name" and up to 15 lines of why."""
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
-
-
-def fails():
-    return FAILS
 
 
 def source_files(model):

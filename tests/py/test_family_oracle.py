@@ -14,20 +14,10 @@ import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAILS = 0
 
 sys.path.insert(0, HERE)
 import family_oracle as fo  # noqa: E402
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
+from tap import fails, report  # noqa: E402
 
 
 def lab(rows, cols, f):
@@ -274,7 +264,7 @@ def main():
     test_phi3()
     test_moe()
     test_accepts()
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

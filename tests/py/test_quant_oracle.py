@@ -36,7 +36,6 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FAILS = 0
 
 try:
     import numpy as np
@@ -49,19 +48,10 @@ except ImportError as e:  # pragma: no cover
 sys.path.insert(0, HERE)
 import quant_oracle as qo  # noqa: E402
 import serving_oracle as so  # noqa: E402
+from tap import fails, report  # noqa: E402
 
 TMP = tempfile.mkdtemp(prefix="pyqo.", dir=os.environ.get("TPS_TMP") or None)
 MODELS = {}
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
 
 
 def model(preset):
@@ -499,7 +489,7 @@ def main():
             report(False, f"{t.__name__} raised {type(e).__name__}", traceback.format_exc())
     if not os.environ.get("KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ TOP = os.environ.get("TOP") or os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 TPSHARD = os.environ.get("TPSHARD") or os.path.join(TOP, "tpshard")
 TMP = tempfile.mkdtemp(prefix="pyref.", dir=os.environ.get("TPS_TMP") or None)
-FAILS = 0
 
 try:
     import numpy as np
@@ -40,6 +39,7 @@ import gen  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jsonlog  # noqa: E402
+from tap import fails, report  # noqa: E402
 
 # safetensors dtype -> numpy dtype of the same width used to compare bytes
 NP_VIEW = {"BOOL": np.uint8, "U8": np.uint8, "I8": np.int8, "F8_E5M2": np.uint8,
@@ -47,16 +47,6 @@ NP_VIEW = {"BOOL": np.uint8, "U8": np.uint8, "I8": np.int8, "F8_E5M2": np.uint8,
            "F8_E5M2FNUZ": np.uint8, "I16": np.int16, "U16": np.uint16, "F16": np.uint16,
            "BF16": np.uint16, "I32": np.int32, "U32": np.uint32, "F32": np.uint32,
            "C64": np.uint64, "F64": np.uint64, "I64": np.int64, "U64": np.uint64}
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
 
 
 def tps(*args):
@@ -385,7 +375,7 @@ def main():
     test_gen_layout()
     if not os.access(TPSHARD, os.X_OK):
         print(f"skip - reference tests: no tpshard binary at {TPSHARD}")
-        return 1 if FAILS else 0
+        return 1 if fails() else 0
     for t in (test_writer_identity, test_indexed_identity, test_conformance_models, test_gen_models):
         try:
             t()
@@ -394,7 +384,7 @@ def main():
             report(False, f"{t.__name__} raised {type(e).__name__}", traceback.format_exc())
     if not os.environ.get("KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOP = os.environ.get("TOP") or os.path.dirname(os.path.dirname(HERE))
-FAILS = 0
 
 try:
     import safetensors
@@ -26,20 +25,11 @@ except ImportError as e:  # pragma: no cover
 
 sys.path.insert(0, HERE)
 import serving_oracle as so  # noqa: E402
+from tap import fails, report  # noqa: E402
 
 # The engine-made cases this oracle must reproduce.
 ENGINE_CASES = ["vllm-llama-tp8-kv-replicated-vocab250", "vllm-qwen3-tied-tp2",
                 "sglang-gemma3-tied-tp2"]
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
 
 
 def read_ref(path):
@@ -260,7 +250,7 @@ def main():
         except Exception as e:  # noqa: BLE001
             import traceback
             report(False, f"{t.__name__} raised {type(e).__name__}", traceback.format_exc())
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import jsonlog  # noqa: E402
+from tap import fails, report  # noqa: E402
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
@@ -31,7 +32,6 @@ TOP = os.environ.get("TOP") or os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 TPSHARD = os.environ.get("TPSHARD") or os.path.join(TOP, "tpshard")
 TMP = tempfile.mkdtemp(prefix="pytf.", dir=os.environ.get("TPS_TMP") or None)
-FAILS = 0
 
 try:
     import numpy as np
@@ -42,16 +42,6 @@ except ImportError as e:  # pragma: no cover
     sys.exit(0)
 
 print(f"# transformers {transformers.__version__} (configs only, no torch)")
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
 
 
 def tps(*args):
@@ -417,7 +407,7 @@ def main():
     test_gemma3_untie()
     test_llama_qwen()
     shutil.rmtree(TMP, ignore_errors=True)
-    return 1 if FAILS else 0
+    return 1 if fails() else 0
 
 
 if __name__ == "__main__":

@@ -34,17 +34,9 @@ TPSHARD = os.environ.get("TPSHARD") or os.path.join(TOP, "tpshard")
 TMP = tempfile.mkdtemp(prefix="wheel.", dir=os.environ.get("TPS_TMP") or None)
 CONF = os.path.join(TOP, "testdata", "conformance")
 VENV = sys.prefix
-FAILS = 0
-
-
-def report(ok, name, why=""):
-    global FAILS
-    print(("ok - " if ok else "not ok - ") + name)
-    if not ok:
-        FAILS += 1
-        for line in str(why).strip().splitlines()[:15]:
-            print("#   " + line)
-    sys.stdout.flush()
+# the harness only (-I leaves the source tree off the path)
+sys.path.insert(0, os.path.join(TOP, "tests", "py"))
+from tap import fails, report  # noqa: E402
 
 
 def test(name):
@@ -585,4 +577,4 @@ def _():
 
 if not os.environ.get("KEEP_TMP"):
     shutil.rmtree(TMP, ignore_errors=True)
-sys.exit(1 if FAILS else 0)
+sys.exit(1 if fails() else 0)
