@@ -247,6 +247,16 @@ def check_split(label, layout, tp, ep, plan=None):
     return out
 
 
+def verify_kinds(out, model):
+    """verify OUT --source MODEL --json: (exit status, {check: kind}, stderr)."""
+    rc, so_, se = tps("verify", out, "--source", model, "--json")
+    try:
+        rows = json.loads(so_).get("checks") or []
+    except ValueError:
+        rows = []
+    return rc, {c.get("check"): c.get("kind") for c in rows}, se
+
+
 def check_and_corrupt(out, model, label, layout, tp, ep, tensor):
     name = "families: " + case_name(label, layout, tp, ep)
     for what, args in (("check", ["check", out]), ("verify --source", ["verify", out, "--source", model, "-q"])):
@@ -254,15 +264,11 @@ def check_and_corrupt(out, model, label, layout, tp, ep, tensor):
         report(rc == 0, f"{name}: {what} passes on the fresh split", f"rc {rc}\n{se}{so_}")
     if ep:
         # an expert under --ep is whole on one rank: verify says "whole", not "replicated"
-        rc, so_, se = tps("verify", out, "--source", model, "--json")
-        try:
-            rows = json.loads(so_).get("checks") or []
-        except ValueError:
-            rows = []
+        rc, by_check, se = verify_kinds(out, model)
         kinds = {}
-        for c in rows:
-            if ".experts." in c.get("check", "") and c["check"].endswith(".weight"):
-                kinds[c.get("kind")] = kinds.get(c.get("kind"), 0) + 1
+        for check, kind in by_check.items():
+            if ".experts." in check and check.endswith(".weight"):
+                kinds[kind] = kinds.get(kind, 0) + 1
         report(rc == 0 and set(kinds) == {"whole"}, f"{name}: verify calls every expert tensor whole "
                f"({kinds.get('whole', 0)} of them), none replicated", f"rc {rc} kinds {kinds}\n{se}")
     r = tp - 1
@@ -313,12 +319,7 @@ def check_partial_kinds():
     for ep in (False, True):
         out = os.path.join(TMP, "o-partial" + ("-ep" if ep else ""))
         rc, so_, se = tps(*split_args(model, 4, "vllm", ep, out), "--ranks", "0-1")
-        rc2, so2, se2 = tps("verify", out, "--source", model, "--json")
-        try:
-            rows = json.loads(so2).get("checks") or []
-        except ValueError:
-            rows = []
-        kinds = {c.get("check"): c.get("kind") for c in rows}
+        rc2, kinds, se2 = verify_kinds(out, model)
         norm = kinds.get("model.norm.weight")
         expert = kinds.get("model.layers.0.mlp.experts.0.up_proj.weight")
         want_expert = "whole" if ep else "reconstruct"
