@@ -285,6 +285,20 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     return TPS_OK;
 }
 
+/* write_piece straight from the source's mapping (file src_path, tensor
+ * t): EFAULT says the bytes to write could not be read, the source's fault,
+ * not the output's. */
+static tps_err write_mapped(engine *E, size_t pi, const char *p, size_t len, uint64_t off,
+                            const char *src_path, size_t t)
+{
+    errno = 0;
+    tps_err rc = write_piece(E, pi, p, len, off);
+    if (rc && errno == EFAULT)
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)", src_path,
+                        E->ck->t[t].name);
+    return rc;
+}
+
 /* Copies l bytes of each of n rows `row` bytes apart to out, back to back.
  * The slices of small rows (an expert's down_proj split by columns: 32
  * bytes a row at tp 8) are copied with moves of a size the compiler knows,
@@ -347,12 +361,7 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
                  * (the kernel's copy pulls the bytes in, the CRC finds them
                  * cached: 1.08 s against 1.33 s the other way round for
                  * 1 GiB in 64 KiB pieces). */
-                errno = 0;
-                tps_err rc = write_piece(E, E->dests[E->dest0[g]], p, n, 0);
-                if (rc && errno == EFAULT)
-                    return tps_fail(ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)",
-                                    src_path, ck->t[rg->src].name);
-                TPS_TRY(rc);
+                TPS_TRY(write_mapped(E, E->dests[E->dest0[g]], p, n, 0, src_path, rg->src));
                 E->crcs[tk->crc0 + k] = (uint32_t)tps_crc32(0, p, n);
             } else {
                 E->crcs[tk->crc0 + k] = (uint32_t)tps_crc32(0, p, n);
@@ -376,14 +385,7 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
             size_t len = (size_t)(tk->b - a < SUB ? tk->b - a : SUB);
             if (src && nd == 1) {
                 const char *p = src + (a - tk->a);
-                errno = 0;
-                tps_err rc = write_piece(E, E->dests[d0], p, len, a);
-                /* EFAULT: the bytes to write could not be read: the source's
-                 * fault, not this output's. */
-                if (rc && errno == EFAULT)
-                    return tps_fail(ctx, TPS_E_IO, "%s: cannot read tensor '%s' (EFAULT under its mapping)",
-                                    src_path, ck->t[tk->t].name);
-                TPS_TRY(rc);
+                TPS_TRY(write_mapped(E, E->dests[d0], p, len, a, src_path, tk->t));
                 crc = tps_crc32(crc, p, len);
                 continue;
             }
