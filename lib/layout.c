@@ -925,7 +925,29 @@ static tps_err place_simple(cstate *C, size_t i, const char *name, tps_split_kin
  * part's scale, in the parts' order (a rank's rows of each part must be
  * whole blocks), or, per tensor, one value per part; input scales one per
  * part. */
-static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *parent,
+/* One value per part, in the parts' order: the rank tensor `name` of the
+ * tensors of[idx[j]] (the weights' per-tensor scales or their input scales),
+ * `what` naming them in a refusal. */
+static tps_err fuse_scalars(cstate *C, const tps_lfuse *f, const size_t *idx, const int *of, int r,
+                            const char *name, const char *what, const char *rule)
+{
+    const tps_ctensor *t0 = &C->ck->t[of[idx[0]]];
+    tps_dtype dt;
+    if (!scale_dtype(C, t0, &dt)) return TPS_OK;
+    uint64_t shape[TPS_MAX_DIMS] = {f->nparts};
+    tps_rtensor *rt;
+    TPS_TRY(new_rt(C, name, r, dt, 1, shape, rule, &rt));
+    for (size_t j = 0; j < f->nparts; j++) {
+        if (C->ck->t[of[idx[j]]].dtype != t0->dtype) {
+            refuse(C, "the %s fused into '%s' are of different dtypes", what, name);
+            return TPS_OK;
+        }
+        TPS_TRY(src_piece(C, rt, (size_t)of[idx[j]], -1, 0, 0, j * (tps_dtype_bits(dt) / 8)));
+    }
+    return TPS_OK;
+}
+
+static tps_err place_fused_scales(cstate *C, const tps_lfuse *f,
                                   const size_t *idx, int r, const uint64_t *lo, const uint64_t *len,
                                   const uint64_t *heads, const uint64_t *nrows_of,
                                   const char *scale_name, const char *input_name)
@@ -934,23 +956,15 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
     const tps_ckpt *ck = C->ck;
     const tps_ctensor *s0 = &ck->t[q->partner[idx[0]]];
     tps_qscale kind = q->kind[q->partner[idx[0]]];
-    (void)parent;
     uint64_t shape[TPS_MAX_DIMS] = {0};
     tps_rtensor *rt;
     tps_dtype dt;
     if (!scale_dtype(C, s0, &dt)) return TPS_OK;
     uint64_t es = tps_dtype_bits(dt) / 8; /* bytes an element, as written */
     if (kind == TPS_QS_TENSOR) {
-        shape[0] = f->nparts;
-        TPS_TRY(new_rt(C, scale_name, r, dt, 1, shape, "scale", &rt));
-        for (size_t j = 0; j < f->nparts; j++) {
-            const tps_ctensor *sj = &ck->t[q->partner[idx[j]]];
-            if (sj->dtype != s0->dtype) {
-                refuse(C, "the scales fused into '%s' are of different dtypes", scale_name);
-                return TPS_OK;
-            }
-            TPS_TRY(src_piece(C, rt, (size_t)q->partner[idx[j]], -1, 0, 0, j * es));
-        }
+        int refused = C->why[0] != 0;
+        TPS_TRY(fuse_scalars(C, f, idx, q->partner, r, scale_name, "scales", "scale"));
+        if (!refused && C->why[0]) return TPS_OK;
     } else {
         uint64_t slo[16], shi[16], rows = 0;
         int sd = 0;
@@ -989,21 +1003,7 @@ static tps_err place_fused_scales(cstate *C, const tps_lfuse *f, const char *par
             at += (shi[j] - slo[j]) * rowb;
         }
     }
-    if (input_name) {
-        const tps_ctensor *i0 = &ck->t[q->input[idx[0]]];
-        if (!scale_dtype(C, i0, &dt)) return TPS_OK;
-        shape[0] = f->nparts;
-        TPS_TRY(new_rt(C, input_name, r, dt, 1, shape, "input scale", &rt));
-        for (size_t j = 0; j < f->nparts; j++) {
-            const tps_ctensor *ij = &ck->t[q->input[idx[j]]];
-            if (ij->dtype != i0->dtype) {
-                refuse(C, "the input scales fused into '%s' are of different dtypes", input_name);
-                return TPS_OK;
-            }
-            TPS_TRY(src_piece(C, rt, (size_t)q->input[idx[j]], -1, 0, 0,
-                              j * (tps_dtype_bits(dt) / 8)));
-        }
-    }
+    if (input_name) TPS_TRY(fuse_scalars(C, f, idx, q->input, r, input_name, "input scales", "input scale"));
     return TPS_OK;
 }
 
@@ -1170,7 +1170,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             TPS_TRY(src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + len[j], at));
             at += len[j] * rowb;
         }
-        if (quant) TPS_TRY(place_fused_scales(C, f, parent, idx, r, lo, len, heads, nrows,
+        if (quant) TPS_TRY(place_fused_scales(C, f, idx, r, lo, len, heads, nrows,
                                               scale_name, input_name));
         if (C->why[0]) return TPS_OK;
     }
