@@ -509,43 +509,29 @@ tps_err tps_va_find_blocks(vctx *V)
     for (size_t i = 0; i < V->nu; i++) {
         vunit *u = &V->u[i];
         const char *nm = u->ct->name;
-        int kind;
-        size_t n;
-        /* an expert's MLP (Qwen3-MoE experts.<e>.{gate,up,down}_proj, Mixtral
-         * experts.<e>.{w1,w3,w2}): the block is the expert */
-        const char *up_sfx = ".mlp.up_proj.weight", *down_sfx = ".mlp.down_proj.weight";
-        const char *name_sfx = ".mlp";
-        if (tps_va_has_suffix(nm, ".mlp.gate_proj.weight")) {
-            kind = BLK_MLP;
-            n = strlen(nm) - strlen(".mlp.gate_proj.weight");
-        } else if (strstr(nm, ".experts.") && tps_va_has_suffix(nm, ".gate_proj.weight")) {
-            kind = BLK_MLP;
-            n = strlen(nm) - strlen(".gate_proj.weight");
-            up_sfx = ".up_proj.weight";
-            down_sfx = ".down_proj.weight";
-            name_sfx = "";
-        } else if (strstr(nm, ".experts.") && tps_va_has_suffix(nm, ".w1.weight")) {
-            kind = BLK_MLP;
-            n = strlen(nm) - strlen(".w1.weight");
-            up_sfx = ".w3.weight";
-            down_sfx = ".w2.weight";
-            name_sfx = "";
-        } else if (tps_va_has_suffix(nm, ".self_attn.q_proj.weight")) {
-            kind = BLK_ATTN;
-            n = strlen(nm) - strlen(".self_attn.q_proj.weight");
-        } else {
-            continue;
-        }
-        char *prefix = tps_asprintf("%.*s", (int)n, nm);
+        /* The block a tensor opens: a dense MLP, an expert's MLP (Qwen3-MoE
+         * experts.<e>.{gate,up,down}_proj, Mixtral experts.<e>.{w1,w3,w2}:
+         * the block is the expert), an attention. */
+        static const struct {
+            const char *first, *second, *third, *name;
+            int experts, kind;
+        } opens[] = {
+            {".mlp.gate_proj.weight", ".mlp.up_proj.weight", ".mlp.down_proj.weight", ".mlp", 0, BLK_MLP},
+            {".gate_proj.weight", ".up_proj.weight", ".down_proj.weight", "", 1, BLK_MLP},
+            {".w1.weight", ".w3.weight", ".w2.weight", "", 1, BLK_MLP},
+            {".self_attn.q_proj.weight", ".self_attn.o_proj.weight", NULL, ".self_attn", 0, BLK_ATTN},
+        };
+        size_t o = 0, no = sizeof opens / sizeof opens[0];
+        while (o < no && !((!opens[o].experts || strstr(nm, ".experts.")) &&
+                           tps_va_has_suffix(nm, opens[o].first)))
+            o++;
+        if (o == no) continue;
+        int kind = opens[o].kind;
+        char *prefix = tps_asprintf("%.*s", (int)(strlen(nm) - strlen(opens[o].first)), nm);
         if (!prefix) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-        vunit *m[3] = {u, NULL, NULL};
-        int nm_ = kind == BLK_MLP ? 3 : 2;
-        if (kind == BLK_MLP) {
-            m[1] = tps_va_unit_by_name(V, prefix, up_sfx);
-            m[2] = tps_va_unit_by_name(V, prefix, down_sfx);
-        } else {
-            m[1] = tps_va_unit_by_name(V, prefix, ".self_attn.o_proj.weight");
-        }
+        vunit *m[3] = {u, tps_va_unit_by_name(V, prefix, opens[o].second),
+                       opens[o].third ? tps_va_unit_by_name(V, prefix, opens[o].third) : NULL};
+        int nm_ = opens[o].third ? 3 : 2;
         int complete = 1;
         for (int k = 0; k < nm_; k++) complete &= m[k] != NULL;
         if (!complete) {
@@ -558,7 +544,7 @@ tps_err tps_va_find_blocks(vctx *V)
             return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
         }
         b->kind = kind;
-        b->name = tps_asprintf("%s%s", prefix, kind == BLK_MLP ? name_sfx : ".self_attn");
+        b->name = tps_asprintf("%s%s", prefix, opens[o].name);
         free(prefix);
         if (!b->name) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
         vunit *cons = m[nm_ - 1];
