@@ -40,15 +40,24 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-LIB_SRCS := $(filter-out lib/verify_cuda_stub.c,$(wildcard lib/*.c)) lib/plans_gen.c lib/layouts_gen.c
+# lib/ by stage (see lib/README): common/ <- model/ <- plan/ <- layout/ <- split/, verify/.
+# The generated plan and layout tables sit in lib/ itself.
+LIB_DIRS := common model plan layout split verify
+LIB_SRCS := $(filter-out lib/verify/verify_cuda_stub.c lib/%_gen.c,$(wildcard lib/*.c $(LIB_DIRS:%=lib/%/*.c))) \
+            lib/plans_gen.c lib/layouts_gen.c
 LIB_SRCS := $(sort $(LIB_SRCS))
+# ar keeps one member per file name: two lib/ sources of one name would drop one silently.
+LIB_DUPS := $(strip $(foreach n,$(sort $(notdir $(LIB_SRCS))),$(if $(filter-out 1,$(words $(filter %/$(n),$(LIB_SRCS)))),$(n))))
+ifneq ($(LIB_DUPS),)
+$(error lib/ has two sources named $(LIB_DUPS): the static library keeps one member per name)
+endif
 ifeq ($(CUDA),1)
 CFLAGS   += -DTPS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -lcudart -lcublas -lnccl -lstdc++ \
             -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib
-CUDA_OBJS := build/lib/verify_cuda.o
+CUDA_OBJS := build/lib/verify/verify_cuda.o
 else
-LIB_SRCS += lib/verify_cuda_stub.c
+LIB_SRCS += lib/verify/verify_cuda_stub.c
 CUDA_OBJS :=
 endif
 LIB_OBJS := $(patsubst %.c,build/%.o,$(LIB_SRCS)) $(CUDA_OBJS)
@@ -89,7 +98,7 @@ lib/plans_gen.c: $(PLANS) tools/embed.sh
 lib/layouts_gen.c: $(LAYOUTS) tools/embed.sh
 	sh tools/embed.sh --table tps_builtin_layouts $(LAYOUTS) > $@.tmp && mv $@.tmp $@
 
-HEADERS := $(wildcard lib/*.h cmd/*.h)
+HEADERS := $(wildcard lib/*.h $(LIB_DIRS:%=lib/%/*.h) cmd/*.h)
 
 build/%.o: %.c $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
@@ -99,7 +108,7 @@ build/pic/%.o: %.c $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-build/lib/verify_cuda.o: lib/verify_cuda.cu $(HEADERS) build/.flags
+build/lib/verify/verify_cuda.o: lib/verify/verify_cuda.cu $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Ilib $(PKG_CFLAGS) -I$(NCCL_HOME)/include -Xcompiler -fPIC \
 	  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -c $< -o $@
@@ -117,7 +126,7 @@ libtpshard.so: $(PIC_OBJS)
 # from a copy of these sources with the default knobs whatever this tree's
 # (no sanitizers), their shared libraries bundled by auditwheel. Its build
 # tools come from PyPI into build/wheelenv once. Result: build/wheel/dist/.
-WHEEL_INPUTS := $(filter-out lib/%_gen.c,$(wildcard lib/*.c lib/*.h lib/*.cu)) \
+WHEEL_INPUTS := $(filter-out lib/%_gen.c,$(wildcard lib/*.c lib/*.h $(foreach d,$(LIB_DIRS),lib/$(d)/*.c lib/$(d)/*.h lib/$(d)/*.cu))) \
   $(wildcard cmd/*.c cmd/*.h man/*.1 man/*.5 python/*.* python/tpshard/*.py) $(PLANS) $(LAYOUTS) \
   Makefile tools/wheel.sh tools/embed.sh tools/deps.sh
 build/wheel/stamp: $(WHEEL_INPUTS)

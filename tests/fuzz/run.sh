@@ -25,7 +25,7 @@ CFLAGS="-g -O1 -std=c11 -D_GNU_SOURCE -D_FILE_OFFSET_BITS=64 -Ilib $PKG_CFLAGS $
 # The library, instrumented for coverage (no main): the same sources as the
 # Makefile's CUDA=0 build.
 objs=""
-for src in $(ls lib/*.c | sort -u); do
+for src in $(ls lib/*.c lib/*/*.c | sort -u); do
   o="$b/obj/$(basename "$src" .c).o"
   if [ ! -f "$o" ] || [ "$src" -nt "$o" ] || [ lib/internal.h -nt "$o" ] || [ lib/tpshard.h -nt "$o" ]; then
     $CLANG $CFLAGS -fsanitize=fuzzer-no-link -c "$src" -o "$o" || { echo "fuzz: cannot compile $src"; exit 1; }

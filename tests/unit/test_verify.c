@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "comm.h"
+#include "verify/comm.h"
 #include "test.h"
 
 static float frand(uint64_t *s)
