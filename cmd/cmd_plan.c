@@ -288,10 +288,26 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         if (!rej) v.dim = tps_layout_dim(L, i);
         char g[128];
         shape_into(v.shape, v.ndim, -1, 0, g, sizeof g);
+        if (tps_layout_dropped(L, i)) {
+            printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, tps_style_name(v.style),
+                   "dropped", g, "- (in no rank file)");
+            continue;
+        }
         local_desc(L, i, buf, sizeof buf);
         if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
         printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, tps_style_name(v.style),
                v.dim >= 0 ? b1 : "Replicate", g, buf);
+    }
+    for (size_t i = 0, first = 1; i < n && !rej; i++) {
+        const char *why = tps_layout_dropped(L, i);
+        if (!why) continue;
+        tps_placement_view v;
+        tps_layout_placement(L, i, &v);
+        if (first)
+            printf("\ndropped (left out of every rank file, listed in the manifest; merge names "
+                   "them):\n");
+        first = 0;
+        printf("  %s: %s\n", v.name, why);
     }
     if (target && !rej) {
         /* rank 0 and the last rank (uneven vocabularies differ there); -v: every rank */

@@ -342,6 +342,8 @@ struct tps_ckpt {
     /* untie (made here, or read from a sharded dir's manifest): the head tensor written from
      * the embedding, and the original config.json that merge restores */
     char *untie_head, *untie_embedding, *untie_config;
+    /* sharded dirs: the source tensors the split's layout left out (the manifest's dropped) */
+    const cJSON *dropped;
 };
 
 /* Copies the config and tokenizer files of ck's directory into out_dir;
@@ -510,6 +512,31 @@ typedef struct {
     int line;
 } tps_lrule;
 
+/* Source tensors the engine's load_weights skips: a name holding one of
+ * `contains`, for the model types listed (none: every one). */
+typedef struct {
+    char **contains;
+    size_t ncontains;
+    char **model_types;
+    size_t nmt;
+    char *reason;
+    int line;
+} tps_ldrop;
+
+/* Parameters of the engine's model that a source tensor keeps under its own
+ * name: modules matching `patterns`, parameters `params`, for the model
+ * types listed (none: every one) when `when` holds. */
+typedef struct {
+    char **patterns;
+    size_t npat;
+    char **params;
+    size_t nparams;
+    char **model_types;
+    size_t nmt;
+    tps_cond *when;
+    int line;
+} tps_lkey;
+
 /* Experts stacked the way an engine's fused MoE layer holds them: for each
  * module matching `patterns` (e.g. model.layers.*.mlp.experts) holding
  * experts <module>.<e>.<leaf>.weight, e < config[count], every stack is one
@@ -579,6 +606,11 @@ typedef struct tps_lspec {
     int scalar_as_1;        /* 0-dim per-tensor scales written [1] */
     unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
     char *refuse_scales_reason;
+    tps_ldrop *drops;
+    size_t ndrops;
+    tps_lkey *keys;   /* given (has_keys): a tensor no rule places and no key names is refused */
+    size_t nkeys;
+    int has_keys;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
@@ -683,7 +715,8 @@ struct tps_layout {
     size_t nnames;
     uint64_t **shape_chunks; /* the rank tensors' shapes (chunks never move) */
     size_t nshape_chunks, shape_left;
-    int dropped_any;  /* a source tensor with no piece (never: every byte must land) */
+    const char **dropped; /* per source tensor: why the layout leaves it out (the engine's
+                           * load_weights skips it), or NULL: kept. NULL when none is. */
     tps_layer_view *layers; /* strings borrowed from the config and static text */
     size_t nlayers;
 };

@@ -260,6 +260,9 @@ void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, 
 /* The dim tensor i is cut along in the rank files (-1: whole on every rank);
  * a serving layout may differ from the plan's placement (replicate overrides). */
 int tps_layout_dim(const tps_layout *L, size_t i);
+/* Why a serving layout leaves source tensor i out of every rank file (the
+ * engine's load_weights skips it; the manifest lists it as dropped), or NULL. */
+const char *tps_layout_dropped(const tps_layout *L, size_t i);
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank);
 size_t tps_layout_check_count(const tps_layout *L);
 void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);

@@ -438,6 +438,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     jw_arr(&w);
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
+        if (tps_layout_dropped(L, i)) continue; /* under "dropped" */
         tps_layout_placement(L, i, &v);
         if (!rej) v.dim = tps_layout_dim(L, i);
         jw_obj(&w);
@@ -458,6 +459,22 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
             jw_end(&w);
         }
         jw_end(&w);
+        jw_end(&w);
+    }
+    jw_end(&w);
+    /* source tensors the layout leaves out: the engine's load_weights skips them */
+    jw_key(&w, "dropped");
+    jw_arr(&w);
+    for (size_t i = 0; i < n; i++) {
+        const char *why = tps_layout_dropped(L, i);
+        if (!why) continue;
+        tps_placement_view v;
+        tps_layout_placement(L, i, &v);
+        jw_obj(&w);
+        jw_kstr(&w, "name", v.name);
+        jw_kstr(&w, "dtype", tps_dtype_name(v.dtype));
+        json_shape(&w, "shape", v.shape, v.ndim);
+        jw_kstr(&w, "reason", why);
         jw_end(&w);
     }
     jw_end(&w);
@@ -554,6 +571,23 @@ tps_err tps_merge_json(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, i
     jw_kstr(&w, "dir", dir);
     jw_kstr(&w, "output", o->out_dir);
     jw_kint(&w, "files_written", files_written);
+    /* the source tensors the split's layout left out, which merge cannot give back */
+    tps_ckpt *ck = NULL;
+    tps_err rc = tps_ckpt_open(ctx, dir, &ck);
+    if (rc) {
+        free(w.buf);
+        return rc;
+    }
+    jw_key(&w, "dropped");
+    jw_arr(&w);
+    for (const cJSON *d = ck->dropped ? ck->dropped->child : NULL; d; d = d->next) {
+        jw_obj(&w);
+        jw_kstr(&w, "name", cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring);
+        jw_kstr(&w, "reason", cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring);
+        jw_end(&w);
+    }
+    jw_end(&w);
+    tps_ckpt_free(ck);
     return jw_finish(ctx, &w, out);
 }
 

@@ -164,6 +164,7 @@ void tps_layout_free(tps_layout *L)
     free(L->regions);
     free(L->src_pieces);
     free(L->src_piece0);
+    free(L->dropped);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
     for (size_t i = 0; i < L->nshape_chunks; i++) free(L->shape_chunks[i]);
@@ -658,6 +659,47 @@ static int matches_any(char **pats, size_t n, const char *name)
     if (!module_of(name, &ml)) return 0;
     for (size_t i = 0; i < n; i++)
         if (tps_module_match(pats[i], name, ml)) return 1;
+    return 0;
+}
+
+/* Is the checkpoint's model_type one of types (none listed: any)? */
+static int type_listed(char **types, size_t n, const cJSON *config)
+{
+    if (!n) return 1;
+    const cJSON *mt = tps_config_get(config, "model_type");
+    for (size_t i = 0; i < n; i++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, types[i])) return 1;
+    return 0;
+}
+
+/* Why the engine never holds source tensor `name` (its load_weights skips
+ * names holding one of a drop entry's strings), or NULL. */
+static const char *drop_reason(const tps_lspec *s, const cJSON *config, const char *name)
+{
+    for (size_t k = 0; k < s->ndrops; k++) {
+        const tps_ldrop *d = &s->drops[k];
+        if (!type_listed(d->model_types, d->nmt, config)) continue;
+        for (size_t j = 0; j < d->ncontains; j++)
+            if (strstr(name, d->contains[j])) return d->reason;
+    }
+    return NULL;
+}
+
+/* Does a keys entry name `name` as a parameter of the engine's model? */
+static int engine_key(const tps_lspec *s, const cJSON *config, const char *name)
+{
+    const char *param = param_of(name);
+    size_t ml;
+    if (!module_of(name, &ml)) return 0;
+    for (size_t k = 0; k < s->nkeys; k++) {
+        const tps_lkey *e = &s->keys[k];
+        int p = 0;
+        for (size_t j = 0; j < e->nparams && !p; j++) p = !strcmp(e->params[j], param);
+        if (!p || !type_listed(e->model_types, e->nmt, config) || !tps_cond_eval(e->when, config))
+            continue;
+        for (size_t j = 0; j < e->npat; j++)
+            if (tps_module_match(e->patterns[j], name, ml)) return 1;
+    }
     return 0;
 }
 
@@ -1740,7 +1782,7 @@ static tps_err finish(cstate *C)
         }
     free(fill);
     for (size_t i = 0; i < ck->n; i++)
-        if (L->src_piece0[i] == L->src_piece0[i + 1])
+        if (L->src_piece0[i] == L->src_piece0[i + 1] && !(L->dropped && L->dropped[i]))
             return tps_fail(C->ctx, TPS_E_SHAPE,
                             "%s: layout %s places no byte of tensor '%s' (every source byte must "
                             "land in some rank file)",
@@ -1887,6 +1929,17 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
                    "sglang); the DTensor layout splits experts as the plan says");
         goto out;
     }
+    /* what the engine's load_weights skips: no rank file holds it */
+    for (size_t i = 0; s && i < ck->n; i++) {
+        const char *why = drop_reason(s, ck->config, ck->t[i].name);
+        if (!why) continue;
+        if (!L->dropped && !(L->dropped = tps_xcalloc(ck->n, sizeof *L->dropped))) {
+            rc = nomem(&C);
+            goto out;
+        }
+        L->dropped[i] = why;
+        C.used[i] = 1;
+    }
     if (s) {
         TPS_CHECK(compile_experts(&C));
         if (C.why[0]) goto out;
@@ -1918,6 +1971,19 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         tps_split_kind sk = spec_split(L, i, &why);
         if (sk == TPS_SPLIT_REFUSE) {
             refuse(&C, "tensor '%s': %s (layout %s)", t->name, why, s->name);
+            break;
+        }
+        int vocab = !strcmp(param_of(t->name), "weight") && matches_any(s->vocab, s->nvocab, t->name);
+        if (s->has_keys && (int)i != emb && !vocab && !engine_key(s, ck->config, t->name)) {
+            const cJSON *mt = tps_config_get(ck->config, "model_type");
+            int bias = !strcmp(param_of(t->name), "bias");
+            refuse(&C, "tensor '%s': %s's model (model_type %s) has no such parameter%s (layout "
+                       "%s writes exactly the engine's keys; --layout dtensor keeps every tensor)",
+                   t->name, s->target, cJSON_IsString(mt) ? mt->valuestring : "not given",
+                   bias ? ": its load_weights would ignore this bias, and the model would compute "
+                          "without it"
+                        : ", and its load_weights does not skip it",
+                   s->name);
             break;
         }
         TPS_CHECK(place_simple(&C, i, name, sk, L->p[i].rule));
@@ -2010,6 +2076,7 @@ void tps_layout_local(const tps_layout *L, size_t i, int rank, uint64_t *start, 
 int tps_layout_dim(const tps_layout *L, size_t i)
 {
     if (!L->src_piece0) return L->p[i].dim;
+    if (L->src_piece0[i] == L->src_piece0[i + 1]) return -1; /* dropped */
     return L->regions[L->pieces[L->src_pieces[L->src_piece0[i]]].region].dim;
 }
 
@@ -2066,6 +2133,11 @@ void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v)
 }
 
 const char *tps_layout_rejected(const tps_layout *L) { return L->rejected; }
+
+const char *tps_layout_dropped(const tps_layout *L, size_t i)
+{
+    return L->dropped && !L->rejected ? L->dropped[i] : NULL;
+}
 
 const char *tps_layout_name(const tps_layout *L) { return tps_layout_spec_name(L->spec); }
 

@@ -582,6 +582,15 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
         ck->layout_text = cJSON_IsString(lx) ? lx->valuestring : NULL;
         ck->layout_ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lay, "ep"));
     }
+    /* source tensors the layout left out: merge names them, verify does not miss them */
+    const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(m, "dropped");
+    for (const cJSON *d = cJSON_IsArray(dropped) ? dropped->child : NULL; d; d = d->next)
+        TPS_FAIL_IF(!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(d, "name")) ||
+                        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(d, "reason")),
+                    ctx, TPS_E_JSON, "%s: a dropped[] entry needs a name and a reason", mpath);
+    TPS_FAIL_IF(dropped && !cJSON_IsArray(dropped), ctx, TPS_E_JSON, "%s: dropped is not an array",
+                mpath);
+    ck->dropped = dropped;
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
     TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
                 TPS_E_JSON, "%s: tp is missing or out of range", mpath);

@@ -1411,6 +1411,47 @@ static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
     return TPS_OK;
 }
 
+static tps_err parse_ldrop(const pctx *pc, const ynode *m, tps_ldrop *d)
+{
+    static const char *const known[] = {"contains", "model_types", "reason"};
+    const ynode *v[3];
+    TPS_TRY(map_fields(pc, m, "drop entry", known, 3, v));
+    d->line = m->line;
+    if (!v[0] || !v[2])
+        return perr(pc, m->line, "a drop entry needs 'contains' (parts of the names the engine's "
+                                 "load_weights skips) and 'reason'");
+    TPS_TRY(get_str_list(pc, v[0], "contains", NULL, &d->contains, &d->ncontains));
+    for (size_t i = 0; i < d->ncontains; i++)
+        if (!d->contains[i][0]) return perr(pc, v[0]->line, "'contains' holds an empty string");
+    if (!d->ncontains) return perr(pc, v[0]->line, "'contains' is an empty list");
+    if (v[1]) TPS_TRY(get_str_list(pc, v[1], "model_types", NULL, &d->model_types, &d->nmt));
+    return get_str(pc, v[2], "reason", &d->reason);
+}
+
+static tps_err parse_lkey(const pctx *pc, const ynode *m, tps_lkey *k)
+{
+    static const char *const known[] = {"match", "param", "model_types", "when"};
+    const ynode *v[4];
+    TPS_TRY(map_fields(pc, m, "keys entry", known, 4, v));
+    k->line = m->line;
+    if (!v[0]) return perr(pc, m->line, "a keys entry needs 'match' (module path patterns)");
+    TPS_TRY(get_str_list(pc, v[0], "match", check_pattern, &k->patterns, &k->npat));
+    if (!k->npat) return perr(pc, v[0]->line, "'match' is an empty list");
+    if (v[1]) TPS_TRY(get_str_list(pc, v[1], "param", check_leaf, &k->params, &k->nparams));
+    else {
+        k->params = tps_xcalloc(1, sizeof *k->params);
+        if (!k->params || !(k->params[0] = tps_strdup("weight"))) return nomem(pc->ctx);
+        k->nparams = 1;
+    }
+    if (v[2]) TPS_TRY(get_str_list(pc, v[2], "model_types", NULL, &k->model_types, &k->nmt));
+    if (v[3]) {
+        k->when = tps_xcalloc(1, sizeof *k->when);
+        if (!k->when) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[3], "when", k->when));
+    }
+    return TPS_OK;
+}
+
 static tps_err parse_lcheck(const pctx *pc, const ynode *m, tps_lcheck *c)
 {
     static const char *const known[] = {"name", "when", "reject_if", "quotient", "reason"};
@@ -1583,12 +1624,13 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
-                                        "vocab_padding_tp", "checks", "scales", "experts"};
+                                        "vocab_padding_tp", "checks", "scales", "experts",
+                                        "drop", "keys"};
     static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
     static const char *const sknown[] = {"architectures", "model_types"};
     static const char *const tknown[] = {"head", "embedding", "default_for"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_N };
+           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_N };
     const ynode *v[K_N], *sv[2], *tv[3], *qv[4];
     if (root->type != YN_MAP)
         return perr(pc, root->line, "a layout must be a mapping with 'name' and 'target', not %s",
@@ -1631,6 +1673,30 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
         for (size_t i = 0; i < v[K_CHECKS]->n; i++) {
             s->nchecks++;
             TPS_TRY(parse_lcheck(pc, v[K_CHECKS]->kid[i], &s->checks[i]));
+        }
+    }
+    if (v[K_DROP] && !y_is_null(v[K_DROP])) {
+        if (v[K_DROP]->type != YN_SEQ || v[K_DROP]->n > PLAN_MAX_RULES)
+            return perr(pc, v[K_DROP]->line, "'drop' must be a list of at most %d entries",
+                        PLAN_MAX_RULES);
+        s->drops = tps_xcalloc(v[K_DROP]->n ? v[K_DROP]->n : 1, sizeof *s->drops);
+        if (!s->drops) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_DROP]->n; i++) {
+            s->ndrops++;
+            TPS_TRY(parse_ldrop(pc, v[K_DROP]->kid[i], &s->drops[i]));
+        }
+    }
+    if (v[K_KEYS]) {
+        s->has_keys = 1;
+        if (!y_is_null(v[K_KEYS]) && (v[K_KEYS]->type != YN_SEQ || v[K_KEYS]->n > PLAN_MAX_RULES))
+            return perr(pc, v[K_KEYS]->line, "'keys' must be a list of at most %d entries",
+                        PLAN_MAX_RULES);
+        size_t n = y_is_null(v[K_KEYS]) ? 0 : v[K_KEYS]->n;
+        s->keys = tps_xcalloc(n ? n : 1, sizeof *s->keys);
+        if (!s->keys) return nomem(pc->ctx);
+        for (size_t i = 0; i < n; i++) {
+            s->nkeys++;
+            TPS_TRY(parse_lkey(pc, v[K_KEYS]->kid[i], &s->keys[i]));
         }
     }
     if (v[K_EXPERTS] && !y_is_null(v[K_EXPERTS])) {
@@ -1729,6 +1795,23 @@ void tps_lspec_free(tps_lspec *s)
     free(s->tied_head);
     free(s->tied_embedding);
     free(s->refuse_scales_reason);
+    for (size_t i = 0; i < s->ndrops; i++) {
+        strv_free(s->drops[i].contains, s->drops[i].ncontains);
+        strv_free(s->drops[i].model_types, s->drops[i].nmt);
+        free(s->drops[i].reason);
+    }
+    free(s->drops);
+    for (size_t i = 0; i < s->nkeys; i++) {
+        tps_lkey *k = &s->keys[i];
+        strv_free(k->patterns, k->npat);
+        strv_free(k->params, k->nparams);
+        strv_free(k->model_types, k->nmt);
+        if (k->when) {
+            cond_clear(k->when);
+            free(k->when);
+        }
+    }
+    free(s->keys);
     for (size_t i = 0; i < s->nexperts; i++) {
         tps_lexperts *x = &s->experts[i];
         strv_free(x->patterns, x->npat);

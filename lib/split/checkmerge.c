@@ -414,6 +414,11 @@ static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, 
         }
     size_t hlen;
     const cJSON *orig = cJSON_GetObjectItemCaseSensitive(ck->origin_header, origin);
+    /* a file that lost tensors to the layout has a header of its own now */
+    for (const cJSON *d = ck->dropped ? ck->dropped->child : NULL; d && orig; d = d->next) {
+        const cJSON *sf = cJSON_GetObjectItemCaseSensitive(d, "source_file");
+        if (!cJSON_IsString(sf) || !strcmp(sf->valuestring, origin)) orig = NULL;
+    }
     if (cJSON_IsString(orig)) TPS_CHECK(original_header(ctx, ck, origin, orig->valuestring, ent, map, n, &hdr, &hlen));
     else TPS_CHECK(tps_st_build_header(ctx, ent, n, mk, mv, j, &hdr, &hlen));
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
@@ -491,6 +496,29 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
     return rc;
 }
 
+/* The source tensors merge cannot give back: the split's layout left them
+ * out (the engine's load_weights skips them), named in one warning. */
+static tps_err warn_dropped(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
+{
+    int n = ck->dropped ? cJSON_GetArraySize(ck->dropped) : 0;
+    if (!n) return TPS_OK;
+    size_t cap = 256, len = 0;
+    for (const cJSON *d = ck->dropped->child; d; d = d->next)
+        cap += strlen(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring) +
+               strlen(cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring) + 8;
+    char *buf = tps_xmalloc(cap);
+    if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    for (const cJSON *d = ck->dropped->child; d; d = d->next)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", len ? "; " : "",
+                                cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
+                                cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring);
+    tps_log(ctx, TPS_LOG_WARN,
+            "%s: %d source tensor%s not given back: layout %s left %s out of the rank files: %s",
+            dir, n, n == 1 ? " is" : "s are", ck->layout_name, n == 1 ? "it" : "them", buf);
+    free(buf);
+    return TPS_OK;
+}
+
 tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *files_written)
 {
     tps_ckpt *ck = NULL;
@@ -541,6 +569,7 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     /* An untied split gives back the config.json of the tied original. */
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->untie_config));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
+    TPS_CHECK(warn_dropped(ctx, ck, dir));
 out:
     /* A failed merge leaves no part of a checkpoint behind: the files this
      * run wrote go (the ones --force was to replace are gone already), and

@@ -835,6 +835,40 @@ static int fent_cmp(const void *a, const void *b)
     return x->part < y->part ? -1 : x->part > y->part;
 }
 
+/* The source tensors no rank file holds: those the layout left out (the
+ * engine's load_weights skips them), after those a directory resharded here
+ * had left out already, so merge names every tensor of the original source
+ * it cannot give back. */
+static void mw_dropped(const engine *E, FILE *f)
+{
+    const tps_ckpt *ck = E->ck;
+    const tps_layout *L = E->L;
+    int first = 1;
+    for (const cJSON *e = ck->dropped ? ck->dropped->child : NULL; e; e = e->next) {
+        fputs(first ? ",\n\"dropped\": [\n  " : ",\n  ", f);
+        first = 0;
+        mw_json(f, e);
+    }
+    for (size_t i = 0; i < ck->n; i++) {
+        const char *why = tps_layout_dropped(L, i);
+        if (!why) continue;
+        const tps_ctensor *t = &ck->t[i];
+        fputs(first ? ",\n\"dropped\": [\n  {\"name\": " : ",\n  {\"name\": ", f);
+        first = 0;
+        mw_str(f, t->name);
+        fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
+        mw_shape(f, t->shape, t->ndim);
+        fputs(", \"source_file\": ", f);
+        mw_str(f, t->origin);
+        fputs(", \"layout\": ", f);
+        mw_str(f, tps_layout_name(L));
+        fputs(", \"reason\": ", f);
+        mw_str(f, why);
+        fputc('}', f);
+    }
+    if (!first) fputs("\n]", f);
+}
+
 static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
 {
     const tps_ckpt *ck = E->ck;
@@ -940,11 +974,14 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     fputs("],\n\"tensors\": [", f);
     const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
     const cJSON *pt = ptensors ? ptensors->child : NULL;
+    int firstt = 1;
     for (size_t ti = 0; ti < ck->n; ti++) {
         const tps_ctensor *t = &ck->t[ti];
+        if (tps_layout_dropped(L, ti)) continue; /* listed under "dropped" below */
         size_t p0 = L->src_piece0[ti], p1 = L->src_piece0[ti + 1];
         int d = L->regions[L->pieces[L->src_pieces[p0]].region].dim;
-        fputs(ti ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+        fputs(firstt ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
+        firstt = 0;
         mw_str(f, t->name);
         fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
         mw_shape(f, t->shape, t->ndim);
@@ -1012,6 +1049,7 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         fputs("]}", f);
     }
     fputs("\n]", f);
+    mw_dropped(E, f);
     if (L->spec) {
         /* Rank tensors that are not one source tensor's piece under its own
          * name: what each of their bytes is, so check can account for all. */
@@ -1142,12 +1180,15 @@ static int joinable(const engine *E, const cJSON *m)
     if (!cJSON_IsNumber(tp) || tp->valueint != E->tp || !cJSON_IsString(pn) ||
         strcmp(lname, tps_layout_name(E->L)) ||
         strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
-        strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts) || (size_t)cJSON_GetArraySize(ts) != ck->n)
+        strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts))
         return 0;
-    size_t i = 0;
+    size_t i = 0, kept = 0;
+    for (size_t k = 0; k < ck->n; k++) kept += !tps_layout_dropped(E->L, k);
+    if ((size_t)cJSON_GetArraySize(ts) != kept) return 0;
     for (const cJSON *t = ts->child; t; t = t->next, i++) {
+        while (i < ck->n && tps_layout_dropped(E->L, i)) i++;
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name");
-        if (!cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)) return 0;
+        if (i == ck->n || !cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)) return 0;
     }
     return 1;
 }
