@@ -179,6 +179,7 @@ static tps_err load_config(tps_ctx *ctx, tps_ckpt *ck)
         if (!rc && !cJSON_IsObject(ck->config))
             rc = tps_fail(ctx, TPS_E_CONFIG, "%s: not a JSON object", p);
         if (rc == TPS_E_JSON) rc = TPS_E_CONFIG;
+        if (!rc) rc = tps_config_resolve(ctx, ck->config);
     }
     free(p);
     return rc;
@@ -1386,6 +1387,7 @@ tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
     TPS_FAIL_IF(!text, ctx, TPS_E_CONFIG, "%s: --untie: cannot set tie_word_embeddings in it",
                 cfg_path);
     TPS_CHECK(tps_json_parse(ctx, cfg_path, text, strlen(text), &cfg));
+    TPS_CHECK(tps_config_resolve(ctx, cfg));
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
     TPS_FAIL_IF(!cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings")) ||
                     (cJSON_IsObject(tc) &&

@@ -111,6 +111,9 @@ static void head_shape(const tps_layout *L, const tps_layers *ly, size_t i, cons
         snprintf(fb, sizeof fb, " (from %s)", cfrom && from[2] && strcmp(cfrom, from[2])
                                                   ? "per-layer fields"
                                                   : cfrom ? cfrom : from[2]);
+    else if (tps_config_defaulted(ly->config, r->heads) || tps_config_defaulted(ly->config, "head_dim"))
+        snprintf(fb, sizeof fb, " (config.json leaves %s to transformers' default for its "
+                 "model type)", tps_config_defaulted(ly->config, r->heads) ? r->heads : "head_dim");
     hs->bad = tps_asprintf("%s: tensor '%s' has %llu %s (dim %d), but config.json gives layer %d%s "
                            "%s %lld x head_dim %lld = %llu%s: the config does not describe this "
                            "tensor, so its shards cannot be promised to hold whole heads",
@@ -309,10 +312,11 @@ tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
                 break;
             }
     }
-    /* Whole heads per rank is the DTensor layout's promise (a serving layout
-     * replicates or pads heads as its engine does). */
+    /* The config must describe the head-split tensors (heads x head_dim, by
+     * transformers' defaults where config.json is silent) in every layout:
+     * the engines build their parameters from the same config. */
     int any_heads = 0;
-    for (size_t i = 0; !spec && i < plan->nrules; i++) any_heads |= plan->rules[i].heads != NULL;
+    for (size_t i = 0; i < plan->nrules; i++) any_heads |= plan->rules[i].heads != NULL;
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         tps_place *pl = &L->p[i];
@@ -1070,8 +1074,11 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             int present;
             uint64_t h = config_count(ck->config, p->heads, &present);
             if (!ck->config || !h) {
-                refuse(C, "layout %s splits '%s' on whole heads, but config.json %s %s", L->spec->name,
-                       t->name, present ? "has no usable count in" : "lacks", p->heads);
+                char *lack = present ? NULL : tps_config_lacks(p->heads);
+                refuse(C, "layout %s splits '%s' on whole heads, but config.json %s%s",
+                       L->spec->name, t->name, present ? "has no usable count in " : "",
+                       present ? p->heads : lack ? lack : "lacks it");
+                free(lack);
                 return TPS_OK;
             }
             if (rows % h) {
@@ -1304,8 +1311,10 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
     int present;
     uint64_t E = config_count(ck->config, x->count, &present), tp = (uint64_t)C->tp;
     if (!E) {
-        refuse(C, "layout %s stacks the experts of '%s', but config.json %s %s", lname, module,
-               present ? "has no usable count in" : "lacks", x->count);
+        char *why = present ? NULL : tps_config_lacks(x->count);
+        refuse(C, "layout %s stacks the experts of '%s', but config.json %s%s", lname, module,
+               present ? "has no usable count in " : "", present ? x->count : why ? why : "lacks it");
+        free(why);
         return TPS_OK;
     }
     if (E > 65536) {
