@@ -1331,6 +1331,23 @@ tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
     TPS_FAIL_IF(ck->untie_head, ctx, TPS_E_ARG,
                 "%s: --untie: already untied (its %s was written from %s)", ck->path,
                 ck->untie_head, ck->untie_embedding);
+    /* Tied or not is the checkpoint's, whatever the plan knows of untying. */
+    const cJSON *tied = tps_config_get(ck->config, "tie_word_embeddings");
+    TPS_FAIL_IF(cJSON_IsFalse(tied), ctx, TPS_E_ARG,
+                "%s: --untie: not a tied checkpoint: %s; --untie is for checkpoints whose "
+                "head is the embedding",
+                ck->path, tps_config_defaulted(ck->config, "tie_word_embeddings")
+                              ? "config.json leaves tie_word_embeddings to its model type's "
+                                "default, false"
+                              : "config.json says tie_word_embeddings false");
+    for (size_t j = 0; j < ck->n; j++) {
+        const char *n = ck->t[j].name;
+        size_t l = strlen(n);
+        TPS_FAIL_IF(!strcmp(n, "lm_head.weight") ||
+                        (l > 15 && !strcmp(n + l - 15, ".lm_head.weight")),
+                    ctx, TPS_E_ARG,
+                    "%s: --untie: not a tied checkpoint: it has its own %s", ck->path, n);
+    }
     TPS_FAIL_IF(!plan->nuntie, ctx, TPS_E_ARG,
                 "--untie: plan %s names no tied embedding to untie (it has no 'untie' entries; "
                 "see tpshard-plan(5))",

@@ -7,6 +7,8 @@
 # record a plan that does not describe the model), naming the plan and the
 # checkpoint's modules, and write nothing. A plan with no split rule at all
 # (everything replicated on purpose) is still accepted.
+# Also: --untie on an untied checkpoint says it is not tied; --ep with the
+# dtensor layout is a usage error naming the layouts that take it.
 . "${TOP:-$(cd "$(dirname "$0")/../.." && pwd)}/tests/cli/lib.sh"
 
 # gpt2: as GPT-2 saves it (tied, no lm_head); gptj: with its own lm_head.weight.
@@ -65,4 +67,31 @@ gen llama "$T/llama" --untied >/dev/null
 expect_exit 0 "a llama checkpoint with --family llama at tp 1 splits" -- \
   tps split "$T/llama" --family llama --tp 1 -o "$T/l-tp1" -q
 
+# --untie on an untied checkpoint: the checkpoint is not tied, whatever the plan.
+expect_exit 2 "--untie on an untied llama is a usage error" -- \
+  tps split "$T/llama" --tp 2 --untie -o "$T/l-untie"
+expect_stderr_has "not a tied checkpoint" "--untie on an untied llama says it is not tied"
+if grep -qF "names no tied embedding" "$ERR"; then
+  notok "--untie on an untied llama does not blame the plan"; diag "$ERR"
+else ok "--untie on an untied llama does not blame the plan"; fi
+python3 - "$T/llama/config.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1])); j.pop("tie_word_embeddings", None)
+json.dump(j, open(sys.argv[1], "w"))
+PY
+expect_exit 2 "--untie on a llama without tie_word_embeddings (default false) is a usage error" -- \
+  tps plan "$T/llama" --tp 2 --untie
+expect_stderr_has "not a tied checkpoint" "--untie without tie_word_embeddings: not tied (LlamaConfig's default)"
+
+# --ep is for the serving layouts.
+for cmd in split plan; do
+  for lay in "" "--layout dtensor"; do
+    o=""; [ $cmd = split ] && o="-o $T/l-ep"
+    # shellcheck disable=SC2086
+    expect_exit 2 "$cmd --ep ${lay:-(default layout)} is a usage error" -- \
+      tps $cmd "$T/llama" --tp 2 --ep $lay $o
+    expect_stderr_has "--layout vllm or sglang" "$cmd --ep ${lay:-(default layout)} names the layouts that take it"
+  done
+done
+[ ! -e "$T/l-ep" ] && ok "--ep with dtensor wrote nothing" || notok "--ep with dtensor left $T/l-ep"
 finish
