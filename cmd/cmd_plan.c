@@ -403,6 +403,9 @@ int cmd_plan(int argc, char **argv)
     if (plan_file && family) return cli_usage_error(usage_plan, "plan: --plan and --family conflict; give one");
     if (optind != argc - 1) return cli_usage_error(usage_plan, "plan: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_plan, "plan: --tp N is required");
+    if (ep && (!layout || !strcmp(layout, "dtensor")))
+        return cli_usage_error(usage_plan, "plan: --ep is for the serving layouts (--layout vllm or "
+                                    "sglang); the dtensor layout splits experts as the plan says");
     tps_ctx *ctx = cli_ctx();
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;

@@ -86,6 +86,9 @@ int cmd_split(int argc, char **argv)
     if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");
     if (optind != argc - 1) return cli_usage_error(usage_split, "split: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_split, "split: --tp N is required");
+    if (ep && (!layout || !strcmp(layout, "dtensor")))
+        return cli_usage_error(usage_split, "split: --ep is for the serving layouts (--layout vllm or "
+                                    "sglang); the dtensor layout splits experts as the plan says");
     unsigned char *mask = NULL;
     tps_task task = {0};
     if (ranks && !strcmp(ranks, "auto")) {

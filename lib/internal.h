@@ -101,6 +101,15 @@ const char *tps_json_prescan_span(const char *text, size_t len);
 /* Config field: top level first, then under text_config. NULL = absent. JSON
  * null counts as absent. */
 const cJSON *tps_config_get(const cJSON *config, const char *field);
+/* config.c: fills, in place, the fields config.json lacks as transformers'
+ * config class for its model type does (other names, then defaults). */
+tps_err tps_config_resolve(tps_ctx *ctx, cJSON *config);
+/* 1 when tps_config_resolve filled field from a default. */
+int tps_config_defaulted(const cJSON *config, const char *field);
+/* The other name transformers writes field under, or NULL. */
+const char *tps_config_alias(const char *field);
+/* Owned "lacks FIELD (... ALIAS): add it", for "config.json %s". */
+char *tps_config_lacks(const char *field);
 
 /* ------------------------------------------------------------------ layers (layers.c) */
 

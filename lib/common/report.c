@@ -178,7 +178,8 @@ static const char *const tp_config_fields[] = {
     "architectures", "model_type", "num_attention_heads", "num_key_value_heads",
     "num_global_key_value_heads", "head_dim", "hidden_size", "intermediate_size", "vocab_size",
     "num_hidden_layers", "tie_word_embeddings", "hidden_size_per_layer_input",
-    "vocab_size_per_layer_input", "enable_moe_block", "torch_dtype", NULL};
+    "vocab_size_per_layer_input", "enable_moe_block", "torch_dtype", "num_experts",
+    "moe_intermediate_size", NULL};
 
 const char *const *tps_tp_config_fields(void) { return tp_config_fields; }
 

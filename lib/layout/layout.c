@@ -111,12 +111,77 @@ static void head_shape(const tps_layout *L, const tps_layers *ly, size_t i, cons
         snprintf(fb, sizeof fb, " (from %s)", cfrom && from[2] && strcmp(cfrom, from[2])
                                                   ? "per-layer fields"
                                                   : cfrom ? cfrom : from[2]);
+    else if (tps_config_defaulted(ly->config, r->heads) || tps_config_defaulted(ly->config, "head_dim"))
+        snprintf(fb, sizeof fb, " (config.json leaves %s to transformers' default for its "
+                 "model type)", tps_config_defaulted(ly->config, r->heads) ? r->heads : "head_dim");
     hs->bad = tps_asprintf("%s: tensor '%s' has %llu %s (dim %d), but config.json gives layer %d%s "
                            "%s %lld x head_dim %lld = %llu%s: the config does not describe this "
                            "tensor, so its shards cannot be promised to hold whole heads",
                            L->ck->path, t->name, (unsigned long long)t->shape[d],
                            d == 0 ? "rows" : "columns", d, layer, tb, r->heads, (long long)cnt,
                            (long long)hd, (unsigned long long)want, fb);
+}
+
+static int splits(tps_style s) { return s != TPS_STYLE_REPLICATE && s != TPS_STYLE_SEQPAR; }
+
+/* A plan for another model (--family llama on a GPT-2) matches none of the
+ * checkpoint's tensors and would replicate all of them, a split that looks
+ * accepted and shards nothing. Refused when no split rule matches a tensor,
+ * or when the plan's per-layer split rules (a '*' component) all match
+ * nothing: a lone top-level match such as lm_head (GPT-J keeps one) does not
+ * make a model of the plan's family. At every tp, tp 1 included, since the
+ * manifest would record a plan that does not describe the model. A plan with
+ * no split rule (everything replicated on purpose) is not refused. */
+static tps_err plan_fits(tps_ctx *ctx, const tps_layout *L)
+{
+    const tps_plan *plan = L->plan;
+    const tps_ckpt *ck = L->ck;
+    const char *rule = NULL, *layered = NULL;
+    for (size_t i = 0; i < plan->nrules; i++) {
+        const tps_rule *r = &plan->rules[i];
+        for (size_t j = 0; splits(r->style) && j < r->npat; j++) {
+            if (!rule) rule = r->patterns[j];
+            if (!layered && strchr(r->patterns[j], '*')) layered = r->patterns[j];
+        }
+    }
+    if (!rule || !ck->n) return TPS_OK;
+    for (size_t i = 0; i < ck->n; i++)
+        if (splits(L->p[i].style) && (!layered || (L->p[i].rule && strchr(L->p[i].rule, '*'))))
+            return TPS_OK;
+    if (layered) rule = layered;
+    /* A sample of the checkpoint's modules, layer indices as '*'. */
+    char seen[4096] = "\n", mods[512] = "", one[160], key[164];
+    size_t shown = 0, total = 0;
+    for (size_t i = 0; i < ck->n; i++) {
+        const char *n = ck->t[i].name, *dot = strrchr(n, '.');
+        size_t ml = dot && dot != n ? (size_t)(dot - n) : strlen(n), o = 0;
+        for (size_t j = 0; j < ml && o + 2 < sizeof one; j++) {
+            size_t k = j;
+            while (k < ml && n[k] != '.') k++;
+            int digits = 1;
+            for (size_t q = j; q < k; q++) digits &= n[q] >= '0' && n[q] <= '9';
+            if (digits && k > j) one[o++] = '*';
+            for (size_t q = j; !(digits && k > j) && q < k && o + 2 < sizeof one; q++) one[o++] = n[q];
+            if (k < ml) one[o++] = '.';
+            j = k;
+        }
+        one[o] = 0;
+        snprintf(key, sizeof key, "\n%s\n", one);
+        if (strstr(seen, key)) continue;
+        if (strlen(seen) + strlen(key) < sizeof seen) strcat(seen, key + 1);
+        total++;
+        if (shown < 6 && strlen(mods) + strlen(one) + 3 < sizeof mods) {
+            if (shown++) strcat(mods, ", ");
+            strcat(mods, one);
+        }
+    }
+    return tps_fail(ctx, TPS_E_REJECT,
+                    "%s: plan %s matches no tensor of this checkpoint: none of its split rules "
+                    "(e.g. '%s') names one of its modules (%s%s), so every tensor would be "
+                    "replicated; this is not a %s model: give its plan with --plan FILE or "
+                    "--family NAME (tpshard plan --list)",
+                    ck->path, plan->name ? plan->name : "(unnamed)", rule, mods,
+                    total > shown ? ", ..." : "", plan->name ? plan->name : "plan's");
 }
 
 /* Appends the outcome of the head shape check to L->checks. */
@@ -310,10 +375,11 @@ tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
                 break;
             }
     }
-    /* Whole heads per rank is the DTensor layout's promise (a serving layout
-     * replicates or pads heads as its engine does). */
+    /* The config must describe the head-split tensors (heads x head_dim, by
+     * transformers' defaults where config.json is silent) in every layout:
+     * the engines build their parameters from the same config. */
     int any_heads = 0;
-    for (size_t i = 0; !spec && i < plan->nrules; i++) any_heads |= plan->rules[i].heads != NULL;
+    for (size_t i = 0; i < plan->nrules; i++) any_heads |= plan->rules[i].heads != NULL;
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         tps_place *pl = &L->p[i];
@@ -329,6 +395,7 @@ tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
                     "%s: tensor '%s' is %d-D, but style %s (rule '%s') shards dim %d", ck->path,
                     t->name, t->ndim, tps_style_name(pl->style), pat, pl->dim);
     }
+    TPS_CHECK(plan_fits(ctx, L));
     if (any_heads) {
         TPS_CHECK(add_head_outcome(ctx, L, &hs));
         if (!L->rejected && L->checks[L->nchecks - 1].ok == 0)
@@ -1112,8 +1179,11 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             int present;
             uint64_t h = config_count(ck->config, p->heads, &present);
             if (!ck->config || !h) {
-                refuse(C, "layout %s splits '%s' on whole heads, but config.json %s %s", L->spec->name,
-                       t->name, present ? "has no usable count in" : "lacks", p->heads);
+                char *lack = present ? NULL : tps_config_lacks(p->heads);
+                refuse(C, "layout %s splits '%s' on whole heads, but config.json %s%s",
+                       L->spec->name, t->name, present ? "has no usable count in " : "",
+                       present ? p->heads : lack ? lack : "lacks it");
+                free(lack);
                 return TPS_OK;
             }
             if (rows % h) {
@@ -1346,8 +1416,10 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
     int present;
     uint64_t E = config_count(ck->config, x->count, &present), tp = (uint64_t)C->tp;
     if (!E) {
-        refuse(C, "layout %s stacks the experts of '%s', but config.json %s %s", lname, module,
-               present ? "has no usable count in" : "lacks", x->count);
+        char *why = present ? NULL : tps_config_lacks(x->count);
+        refuse(C, "layout %s stacks the experts of '%s', but config.json %s%s", lname, module,
+               present ? "has no usable count in " : "", present ? x->count : why ? why : "lacks it");
+        free(why);
         return TPS_OK;
     }
     if (E > 65536) {

@@ -179,6 +179,7 @@ static tps_err load_config(tps_ctx *ctx, tps_ckpt *ck)
         if (!rc && !cJSON_IsObject(ck->config))
             rc = tps_fail(ctx, TPS_E_CONFIG, "%s: not a JSON object", p);
         if (rc == TPS_E_JSON) rc = TPS_E_CONFIG;
+        if (!rc) rc = tps_config_resolve(ctx, ck->config);
     }
     free(p);
     return rc;
@@ -1339,6 +1340,23 @@ tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
     TPS_FAIL_IF(ck->untie_head, ctx, TPS_E_ARG,
                 "%s: --untie: already untied (its %s was written from %s)", ck->path,
                 ck->untie_head, ck->untie_embedding);
+    /* Tied or not is the checkpoint's, whatever the plan knows of untying. */
+    const cJSON *tied = tps_config_get(ck->config, "tie_word_embeddings");
+    TPS_FAIL_IF(cJSON_IsFalse(tied), ctx, TPS_E_ARG,
+                "%s: --untie: not a tied checkpoint: %s; --untie is for checkpoints whose "
+                "head is the embedding",
+                ck->path, tps_config_defaulted(ck->config, "tie_word_embeddings")
+                              ? "config.json leaves tie_word_embeddings to its model type's "
+                                "default, false"
+                              : "config.json says tie_word_embeddings false");
+    for (size_t j = 0; j < ck->n; j++) {
+        const char *n = ck->t[j].name;
+        size_t l = strlen(n);
+        TPS_FAIL_IF(!strcmp(n, "lm_head.weight") ||
+                        (l > 15 && !strcmp(n + l - 15, ".lm_head.weight")),
+                    ctx, TPS_E_ARG,
+                    "%s: --untie: not a tied checkpoint: it has its own %s", ck->path, n);
+    }
     TPS_FAIL_IF(!plan->nuntie, ctx, TPS_E_ARG,
                 "--untie: plan %s names no tied embedding to untie (it has no 'untie' entries; "
                 "see tpshard-plan(5))",
@@ -1395,6 +1413,7 @@ tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
     TPS_FAIL_IF(!text, ctx, TPS_E_CONFIG, "%s: --untie: cannot set tie_word_embeddings in it",
                 cfg_path);
     TPS_CHECK(tps_json_parse(ctx, cfg_path, text, strlen(text), &cfg));
+    TPS_CHECK(tps_config_resolve(ctx, cfg));
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
     TPS_FAIL_IF(!cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(cfg, "tie_word_embeddings")) ||
                     (cJSON_IsObject(tc) &&

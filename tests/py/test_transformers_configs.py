@@ -384,8 +384,19 @@ def test_llama_qwen():
         d = save(cfg, "LlamaForCausalLM", t, "llama-per-layer")
         refused("llama per_layer_config", d, 4, "layer 1: num_key_value_heads = 2 (per_layer_config)")
         split_matches("llama per_layer_config", d, 2)
+        # An untied checkpoint: the checkpoint is not tied, whatever the plan has.
         rc, so, se = tps("split", d, "--tp", 2, "-o", os.path.join(TMP, "never"), "--untie")
-        report(rc == 2 and "no tied embedding" in se, "llama: --untie without plan entries is a usage error",
+        report(rc == 2 and "not a tied checkpoint" in se and "no tied embedding" not in se,
+               "untied llama: --untie is a usage error saying the checkpoint is not tied",
+               f"rc {rc}\n{se}")
+        # A tied one: then it is the plan that has no untie entries.
+        tied = C[0](vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=4, head_dim=8,
+                    tie_word_embeddings=True)
+        d = save(tied, "LlamaForCausalLM", text_layers(tied, "model."), "llama-tied")
+        rc, so, se = tps("split", d, "--tp", 2, "-o", os.path.join(TMP, "never"), "--untie")
+        report(rc == 2 and "no tied embedding" in se,
+               "tied llama: --untie without plan entries is a usage error naming the plan",
                f"rc {rc}\n{se}")
     for cls, arch, name in (("Qwen2Config", "Qwen2ForCausalLM", "qwen2"),
                             ("Qwen3Config", "Qwen3ForCausalLM", "qwen3")):
