@@ -83,6 +83,11 @@ char *tps_path_join(const char *a, const char *b);
 int tps_is_dir(const char *path);
 int tps_exists(const char *path);
 char *tps_tmp_name(const char *final_path); /* "<dir>/.<base>.tmp.<host>.<pid>" */
+/* DIR/.tpshard.writing for a split's whole run (outlock.c): shared by --ranks
+ * runs, else exclusive. Its descriptor, -1 unlocked (warned, or *rc set when
+ * another split holds it: refused, naming it). */
+int tps_out_claim(tps_ctx *ctx, const char *dir, int shared, tps_err *rc);
+void tps_out_release(const char *dir, int fd, int shared);
 tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 
 /* ------------------------------------------------------------------ JSON helpers */
