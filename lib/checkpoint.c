@@ -1285,6 +1285,16 @@ tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
     return TPS_OK;
 }
 
+const char *tps_ckpt_aux_file(const tps_ckpt *ck, const char *config_text, size_t i, int *writes)
+{
+    if (i >= sizeof aux_files / sizeof *aux_files - 1) return NULL;
+    const char *a = aux_files[i];
+    char *src = tps_path_join(ck->dir, a);
+    *writes = (config_text && !strcmp(a, "config.json")) || (src && tps_exists(src));
+    free(src);
+    return a;
+}
+
 tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,
                           const char *config_text)
 {

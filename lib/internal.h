@@ -349,6 +349,9 @@ struct tps_ckpt {
     char *untie_head, *untie_embedding, *untie_config;
 };
 
+/* The i-th file tps_ckpt_copy_aux may write (*writes: it would, with this
+ * config_text); NULL past the last. */
+const char *tps_ckpt_aux_file(const tps_ckpt *ck, const char *config_text, size_t i, int *writes);
 /* Copies the config and tokenizer files of ck's directory into out_dir;
  * config_text, when not NULL, is written as config.json instead. */
 tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,
