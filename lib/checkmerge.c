@@ -19,7 +19,7 @@ static tps_err open_sharded_dir(tps_ctx *ctx, const char *dir, tps_ckpt **ck)
     free(m);
     if (!there)
         return tps_fail(ctx, TPS_E_IO, "%s: not a tpshard output directory (no %s)", dir, TPS_MANIFEST);
-    return tps_ckpt_open(ctx, dir, ck);
+    return tps_ckpt_open_path(ctx, dir, ck);
 }
 
 /* "1,2,5": the ranks with no file here, into buf; returns how many are present. */

@@ -1022,7 +1022,25 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
 
 /* ------------------------------------------------------------------ open */
 
-tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out);
+
+tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
+{
+    *out = NULL;
+    char *path = NULL, *repo = NULL;
+    tps_err rc = tps_model_locate(ctx, model, &path, &repo);
+    if (!rc) rc = ckpt_open(ctx, path, repo, out);
+    free(path);
+    free(repo);
+    return rc;
+}
+
+tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out)
+{
+    return ckpt_open(ctx, path, NULL, out);
+}
+
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
@@ -1052,10 +1070,7 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
             TPS_CHECK(add_file_tensors(ctx, ck, fi));
             TPS_CHECK(sort_and_dedup(ctx, ck));
         } else {
-            TPS_FAIL_IF(1, ctx, TPS_E_IO,
-                        "%s: no model.safetensors, model.safetensors.index.json or %s in this "
-                        "directory",
-                        path, TPS_MANIFEST);
+            TPS_CHECK(tps_no_model_here(ctx, path));
         }
     } else if (S_ISREG(sb.st_mode)) {
         ck->kind = TPS_SRC_FILE;
@@ -1075,6 +1090,13 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
         TPS_CHECK(sort_and_dedup(ctx, ck));
     } else {
         TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: not a file or directory", path);
+    }
+    if (repo) {
+        /* Named after the repo, not the revision hash it sits under. */
+        free(ck->stem);
+        ck->stem = tps_strdup(repo);
+        ck->hub = 1;
+        TPS_FAIL_IF(!ck->stem, ctx, TPS_E_NOMEM, "out of memory");
     }
     if (ck->kind != TPS_SRC_SHARDED) {
         ck->norigins = ck->nfiles;

@@ -314,6 +314,7 @@ typedef struct {
 struct tps_ckpt {
     tps_src_kind kind;
     char *path, *dir, *stem;
+    int hub;         /* from the Hugging Face cache: stem is the repo's name */
     tps_cfile *files;
     size_t nfiles;
     tps_ctensor *t; /* sorted by name */
@@ -349,6 +350,18 @@ struct tps_ckpt {
     char *untie_head, *untie_embedding, *untie_config;
 };
 
+/* tps_ckpt_open of a path as it is: no Hugging Face cache lookup (an output
+ * directory, not a MODEL). */
+tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out);
+/* locate.c: MODEL as a path, a Hugging Face cache folder or a repo id in the
+ * local cache: the path to open, and the repo's name when from the cache. */
+tps_err tps_model_locate(tps_ctx *ctx, const char *arg, char **path, char **repo);
+/* A file that is surely not safetensors (zip, pickle, JSON, GGUF): 1 and
+ * what it is and what to do in msg. */
+int tps_sniff(const char *path, const unsigned char *b, size_t got, uint64_t size, char *msg,
+              size_t len);
+/* The error for a directory with no model in it, naming what it holds. */
+tps_err tps_no_model_here(tps_ctx *ctx, const char *dir);
 /* The i-th file tps_ckpt_copy_aux may write (*writes: it would, with this
  * config_text); NULL past the last. */
 const char *tps_ckpt_aux_file(const tps_ckpt *ck, const char *config_text, size_t i, int *writes);
