@@ -56,9 +56,10 @@ expect_stderr_has "does not download" "says tpshard does not download"
 expect_stderr_has "huggingface-cli download acme/other-model" "says how to download it"
 [ -z "$(ls -A "$T/work")" ] && ok "nothing written for a repo id not in the cache" || notok "nothing written"
 # A path that exists wins over a repo id of the same spelling.
-mkdir -p "$T/work/acme" && cp -r "$L" "$T/work/acme/tiny-llama"
+mkdir -p "$T/work/acme" && gen llama "$T/work/acme/tiny-llama" --seed 9 >/dev/null
 expect_exit 0 "a directory named like a repo id is the directory" -- in_work tps split acme/tiny-llama --tp 2 -o local
-[ -f "$T/work/local/tpshard.json" ] && grep -q '"acme/tiny-llama"\|tiny-llama' "$T/work/local/tpshard.json" && ok "the local directory was split" || notok "the local directory"
+tps merge "$T/work/local" -o "$T/work/merged" -q && cmp -s "$T/work/merged/model.safetensors" "$T/work/acme/tiny-llama/model.safetensors" &&
+  ok "the local directory was split, not the cache's model" || notok "the local directory"
 
 # Not safetensors: a PyTorch checkpoint (torch.save's zip archive, or the
 # older pickle), by its first bytes whatever its name; a JSON file.
