@@ -7,7 +7,7 @@
 
 const char usage_verify[] =
     "usage: tpshard verify DIR [--source MODEL] [--backend cpu|cuda|nccl] [--tensors GLOB] "
-    "[--seed N] [--batch N] [--nccl-id-file PATH] [--json]\n"
+    "[--seed N] [--batch N] [--nccl-id-file PATH] [--threads N] [--json]\n"
     "\n"
     "Proves that a tpshard output directory reproduces its source checkpoint.\n"
     "Reconstruction: every tensor gathered from the ranks' shards equals the source\n"

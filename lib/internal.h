@@ -83,6 +83,11 @@ char *tps_path_join(const char *a, const char *b);
 int tps_is_dir(const char *path);
 int tps_exists(const char *path);
 char *tps_tmp_name(const char *final_path); /* "<dir>/.<base>.tmp.<host>.<pid>" */
+/* DIR/.tpshard.writing for a split's whole run (outlock.c): shared by --ranks
+ * runs, else exclusive. Its descriptor, -1 unlocked (warned, or *rc set when
+ * another split holds it: refused, naming it). */
+int tps_out_claim(tps_ctx *ctx, const char *dir, int shared, tps_err *rc);
+void tps_out_release(const char *dir, int fd, int shared);
 tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 
 /* ------------------------------------------------------------------ JSON helpers */
@@ -318,6 +323,7 @@ typedef struct {
 struct tps_ckpt {
     tps_src_kind kind;
     char *path, *dir, *stem;
+    int hub;         /* from the Hugging Face cache: stem is the repo's name */
     tps_cfile *files;
     size_t nfiles;
     tps_ctensor *t; /* sorted by name */
@@ -355,6 +361,21 @@ struct tps_ckpt {
     const cJSON *dropped;
 };
 
+/* tps_ckpt_open of a path as it is: no Hugging Face cache lookup (an output
+ * directory, not a MODEL). */
+tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out);
+/* locate.c: MODEL as a path, a Hugging Face cache folder or a repo id in the
+ * local cache: the path to open, and the repo's name when from the cache. */
+tps_err tps_model_locate(tps_ctx *ctx, const char *arg, char **path, char **repo);
+/* A file that is surely not safetensors (zip, pickle, JSON, GGUF): 1 and
+ * what it is and what to do in msg. */
+int tps_sniff(const char *path, const unsigned char *b, size_t got, uint64_t size, char *msg,
+              size_t len);
+/* The error for a directory with no model in it, naming what it holds. */
+tps_err tps_no_model_here(tps_ctx *ctx, const char *dir);
+/* The i-th file tps_ckpt_copy_aux may write (*writes: it would, with this
+ * config_text); NULL past the last. */
+const char *tps_ckpt_aux_file(const tps_ckpt *ck, const char *config_text, size_t i, int *writes);
 /* Copies the config and tokenizer files of ck's directory into out_dir;
  * config_text, when not NULL, is written as config.json instead. */
 tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,

@@ -374,7 +374,10 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
  * writes. Until a run has recorded its ranks in the manifest they count as
  * missing (tps_check_dir). A rank the manifest records is rewritten only
  * with o->force; an output of another split is replaced only with o->force,
- * by the first run to get the lock. */
+ * by the first run to get the lock. Any other split into a directory that a
+ * split is writing (DIR/.tpshard.writing held: exclusively by a split without
+ * o->ranks, shared by --ranks runs) fails at once with TPS_E_EXISTS, naming
+ * the writer's pid. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 

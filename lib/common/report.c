@@ -658,7 +658,9 @@ tps_err tps_split_default_dir(tps_ctx *ctx, const tps_ckpt *ck, int tp, char **o
     size_t l = strlen(tmp);
     while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
     const char *parent = tps_ckpt_kind(ck) == TPS_SRC_FILE ? tps_ckpt_dir(ck) : dirname(tmp);
-    *out = tps_asprintf("%s/%s-tp%d", parent, tps_ckpt_stem(ck), tp);
+    /* Not into the Hugging Face cache: where the user is. */
+    if (ck->hub) *out = tps_asprintf("%s-tp%d", tps_ckpt_stem(ck), tp);
+    else *out = tps_asprintf("%s/%s-tp%d", parent, tps_ckpt_stem(ck), tp);
     free(tmp);
     return *out ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
 }

@@ -656,11 +656,16 @@ tps_err tps_st_open(tps_ctx *ctx, const char *path, tps_st **out)
     tps_err rc = TPS_OK;
     char *hdr = NULL;
     struct stat sb;
-    unsigned char lenbuf[8] = {0};
+    unsigned char lenbuf[16] = {0};
     uint64_t n = 0;
+    char what[2048];
     TPS_FAIL_IF(fstat(fd, &sb) != 0, ctx, TPS_E_IO, "%s: stat: %s", path, strerror(errno));
     TPS_FAIL_IF(!S_ISREG(sb.st_mode), ctx, TPS_E_IO, "%s: not a regular file", path);
-    if (sb.st_size >= 8) TPS_CHECK(tps_pread_full(ctx, fd, path, lenbuf, 8, 0));
+    size_t got = sb.st_size < 16 ? (size_t)sb.st_size : 16;
+    if (got) TPS_CHECK(tps_pread_full(ctx, fd, path, lenbuf, got, 0));
+    /* A PyTorch checkpoint or a JSON file named in place of safetensors. */
+    TPS_FAIL_IF(tps_sniff(path, lenbuf, got, (uint64_t)sb.st_size, what, sizeof what), ctx,
+                TPS_E_FORMAT, "%s", what);
     TPS_CHECK(check_prefix(ctx, path, lenbuf, (uint64_t)sb.st_size, &n));
     hdr = tps_xmalloc((size_t)n + 1);
     TPS_FAIL_IF(!hdr, ctx, TPS_E_NOMEM, "%s: out of memory for a %llu-byte header", path,

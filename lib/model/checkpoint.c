@@ -1032,7 +1032,25 @@ static tps_err open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
 
 /* ------------------------------------------------------------------ open */
 
-tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out);
+
+tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
+{
+    *out = NULL;
+    char *path = NULL, *repo = NULL;
+    tps_err rc = tps_model_locate(ctx, model, &path, &repo);
+    if (!rc) rc = ckpt_open(ctx, path, repo, out);
+    free(path);
+    free(repo);
+    return rc;
+}
+
+tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out)
+{
+    return ckpt_open(ctx, path, NULL, out);
+}
+
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
@@ -1062,10 +1080,7 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
             TPS_CHECK(add_file_tensors(ctx, ck, fi));
             TPS_CHECK(sort_and_dedup(ctx, ck));
         } else {
-            TPS_FAIL_IF(1, ctx, TPS_E_IO,
-                        "%s: no model.safetensors, model.safetensors.index.json or %s in this "
-                        "directory",
-                        path, TPS_MANIFEST);
+            TPS_CHECK(tps_no_model_here(ctx, path));
         }
     } else if (S_ISREG(sb.st_mode)) {
         ck->kind = TPS_SRC_FILE;
@@ -1085,6 +1100,13 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *path, tps_ckpt **out)
         TPS_CHECK(sort_and_dedup(ctx, ck));
     } else {
         TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: not a file or directory", path);
+    }
+    if (repo) {
+        /* Named after the repo, not the revision hash it sits under. */
+        free(ck->stem);
+        ck->stem = tps_strdup(repo);
+        ck->hub = 1;
+        TPS_FAIL_IF(!ck->stem, ctx, TPS_E_NOMEM, "out of memory");
     }
     if (ck->kind != TPS_SRC_SHARDED) {
         ck->norigins = ck->nfiles;
@@ -1293,6 +1315,16 @@ tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck)
                             f->path);
     }
     return TPS_OK;
+}
+
+const char *tps_ckpt_aux_file(const tps_ckpt *ck, const char *config_text, size_t i, int *writes)
+{
+    if (i >= sizeof aux_files / sizeof *aux_files - 1) return NULL;
+    const char *a = aux_files[i];
+    char *src = tps_path_join(ck->dir, a);
+    *writes = (config_text && !strcmp(a, "config.json")) || (src && tps_exists(src));
+    free(src);
+    return a;
 }
 
 tps_err tps_ckpt_copy_aux(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir,

@@ -19,7 +19,7 @@ static tps_err open_sharded_dir(tps_ctx *ctx, const char *dir, tps_ckpt **ck)
     free(m);
     if (!there)
         return tps_fail(ctx, TPS_E_IO, "%s: not a tpshard output directory (no %s)", dir, TPS_MANIFEST);
-    return tps_ckpt_open(ctx, dir, ck);
+    return tps_ckpt_open_path(ctx, dir, ck);
 }
 
 /* "1,2,5": the ranks with no file here, into buf; returns how many are present. */
@@ -519,6 +519,35 @@ static tps_err warn_dropped(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
     return TPS_OK;
 }
 
+/* How many of the files merge would write into out_dir are there already
+ * (the safetensors files, the index, config and tokenizer files), named in
+ * buf, comma-separated and cut short at len. */
+static int existing_outputs(const tps_ckpt *ck, const char *out_dir, char *buf, size_t len)
+{
+    int n = 0;
+    size_t used = 0;
+    buf[0] = 0;
+    size_t naux = 0;
+    int w;
+    while (tps_ckpt_aux_file(ck, ck->untie_config, naux, &w)) naux++;
+    for (size_t i = 0; i < ck->norigins + 1 + naux; i++) {
+        const char *name = i < ck->norigins ? ck->origins[i] : i == ck->norigins ? ck->index_name : NULL;
+        if (i > ck->norigins) {
+            name = tps_ckpt_aux_file(ck, ck->untie_config, i - ck->norigins - 1, &w);
+            if (!w) continue;
+        }
+        if (!name) continue;
+        char *p = tps_path_join(out_dir, name);
+        int there = p && tps_exists(p);
+        free(p);
+        if (!there) continue;
+        int k = snprintf(buf + used, len - used, "%s%s", n ? ", " : "", name);
+        if (k > 0) used = used + (size_t)k < len ? used + (size_t)k : len - 1;
+        n++;
+    }
+    return n;
+}
+
 tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *files_written)
 {
     tps_ckpt *ck = NULL;
@@ -548,12 +577,11 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
         b = realpath(dir, NULL);
         TPS_FAIL_IF(a && b && strcmp(a, b) == 0, ctx, TPS_E_ARG,
                     "%s: merge output must not be the shard directory itself", o->out_dir);
-        for (size_t i = 0; i < ck->norigins; i++) {
-            char *p = tps_path_join(o->out_dir, ck->origins[i]);
-            int there = p && tps_exists(p);
-            free(p);
-            TPS_FAIL_IF(there && !o->force, ctx, TPS_E_EXISTS,
-                        "%s: %s already exists; pass --force to replace it", o->out_dir, ck->origins[i]);
+        if (!o->force) {
+            char names[512];
+            int n = existing_outputs(ck, o->out_dir, names, sizeof names);
+            TPS_FAIL_IF(n, ctx, TPS_E_EXISTS, "%s: %s already exist%s; pass --force to replace %s",
+                        o->out_dir, names, n == 1 ? "s" : "", n == 1 ? "it" : "them");
         }
     } else {
         TPS_FAIL_IF(mkdir(o->out_dir, 0755) != 0, ctx, TPS_E_IO, "%s: cannot create: %s", o->out_dir,

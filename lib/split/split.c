@@ -91,6 +91,7 @@ typedef struct {
     tps_err err;
     int reporting;   /* a thread is in the progress callback */
     int join;        /* a --ranks run: other runs may be writing into the same directory */
+    int wfd;         /* DIR/.tpshard.writing, held for the whole run (-1: not held) */
     cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
     int map;         /* read the source through per-task mappings */
     size_t page;
@@ -1292,8 +1293,6 @@ static tps_err prepare_dir(engine *E, const tps_split_opts *o)
         int e = errno;
         free(p);
         if (!ok) return tps_fail(ctx, TPS_E_IO, "%s: cannot create the output directory: %s", dir, strerror(e));
-        /* Another --ranks run may have made it first, and written into it. */
-        if (!E->join) return TPS_OK;
     }
     if (!tps_is_dir(dir)) return tps_fail(ctx, TPS_E_EXISTS, "%s: exists and is not a directory", dir);
     char *a = realpath(dir, NULL), *b = realpath(ck->dir, NULL);
@@ -1304,6 +1303,11 @@ static tps_err prepare_dir(engine *E, const tps_split_opts *o)
         return tps_fail(ctx, TPS_E_ARG,
                         "%s: the output directory is the model directory itself; choose another -o",
                         dir);
+    /* Before anything in it is looked at: another split that made it a
+     * moment ago, or is writing into it, is not ours to race. */
+    tps_err rc = TPS_OK;
+    E->wfd = tps_out_claim(ctx, dir, E->join, &rc);
+    if (rc) return rc;
     /* --ranks into a directory other --ranks runs of the same split fill:
      * add to it, and leave their ranks alone. */
     if (E->join) return prepare_join(E, o);
@@ -1364,7 +1368,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                   tps_split_result *res)
 {
     tps_err rc = TPS_OK;
-    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp};
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp, .wfd = -1};
     unsigned char *all = NULL;
     if (res) memset(res, 0, sizeof *res);
     if (L->rejected && L->spec)
@@ -1507,5 +1511,6 @@ out:
     free(E.crclen);
     cJSON_Delete(E.prev);
     free(all);
+    tps_out_release(o->out_dir, E.wfd, E.join);
     return rc;
 }

@@ -1269,7 +1269,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     }
     R->ok = 1;
     V->R = R;
-    TPS_CHECK(tps_ckpt_open(ctx, o->dir, &V->ck));
+    TPS_CHECK(tps_ckpt_open_path(ctx, o->dir, &V->ck));
     TPS_FAIL_IF(
         tps_ckpt_kind(V->ck) != TPS_SRC_SHARDED, ctx, TPS_E_ARG,
         "%s: not a tpshard output directory (no %s): verify takes what `tpshard split` wrote",

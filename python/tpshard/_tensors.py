@@ -70,8 +70,19 @@ def _tensors(path: str, make: Any) -> Tuple[Dict[str, Any], Dict[str, str]]:
     return out, meta
 
 
+def _need(module: str, extra: str, what: str) -> Any:
+    """import `module`, or say which pip install gives it."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            f"{what} needs {extra}, which is not installed: pip install tpshard[{extra}] "
+            f"(or pip install {extra})", name=extra) from e
+
+
 def _numpy_maker() -> Any:
-    import numpy as np
+    np = _need("numpy", "numpy", "tpshard.load_rank(framework='numpy')")
 
     def make(mm: Any, dtype: str, shape: List[int], off: int, n: int, name: str) -> Any:
         if dtype not in _NUMPY:
@@ -81,8 +92,8 @@ def _numpy_maker() -> Any:
     return make
 
 
-def _torch_maker(device: Any) -> Any:
-    import torch
+def _torch_maker(device: Any, what: str = "tpshard.load_rank(framework='torch')") -> Any:
+    torch = _need("torch", "torch", what)
 
     def make(mm: Any, dtype: str, shape: List[int], off: int, n: int, name: str) -> Any:
         dt = getattr(torch, _TORCH.get(dtype, "?"), None)
@@ -138,7 +149,7 @@ def load_rank_dtensors(dir: "os.PathLike[str] | str", mesh: Any, *,
         mesh: the tensor-parallel torch.distributed DeviceMesh.
         device: where the local tensors go (e.g. f"cuda:{local_rank}").
     """
-    import torch
+    torch = _need("torch", "torch", "tpshard.load_rank_dtensors()")
     from torch.distributed.tensor import DTensor, Replicate, Shard
 
     rank, tp = mesh.get_local_rank(), mesh.size()

@@ -123,6 +123,19 @@ for c in $cmds; do
   done
   [ -z "$undoc" ] && ok "man: tpshard-$c.1 OPTIONS describes every option" ||
     notok "man: tpshard-$c.1 OPTIONS lacks:$undoc"
+  # And the other way: every option `-h` describes is in its usage line
+  # (but -h, -q and -v, which every command takes).
+  unlisted=""
+  for o in $(printf '%s\n' "$out" | sed -n 's/^  \(-[a-z], \)\{0,1\}\(--[a-z][-a-z]*\).*/\1\2/p' | tr -d ' '); do
+    long=${o#*,} short=${o%%,*}
+    [ "$short" = "$o" ] && short=""
+    case $long in --help|--quiet|--verbose) continue ;; esac
+    printf '%s\n' "$first" | grep -Eq -- "[[ |]$long([] |]|\$)" && continue
+    [ -n "$short" ] && printf '%s\n' "$first" | grep -Eq -- "[[ |]$short([] |]|\$)" && continue
+    unlisted="$unlisted $long"
+  done
+  [ -z "$unlisted" ] && ok "tpshard $c -h: the usage line lists every option it describes" ||
+    notok "tpshard $c -h: the usage line lacks:$unlisted"
 done
 
 # --- EXAMPLES run, in an order where the split examples come first

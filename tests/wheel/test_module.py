@@ -335,6 +335,24 @@ def _():
     return "" if got["ranks_written"] == 1 else f"ranks='1': {got}"
 
 
+@test("load_rank() without numpy or torch: says pip install tpshard[numpy] / tpshard[torch]")
+def _():
+    d = os.path.join(TMP, "noframework")
+    tpshard.split(os.path.join(CONF, "llama-tp3", "model"), 3, d)
+    calls = [("numpy", lambda: tpshard.load_rank(d, 0)),
+             ("numpy", lambda: tpshard.load_rank(d, 1, framework="numpy")),
+             ("torch", lambda: tpshard.load_rank(d, 0, framework="torch")),
+             ("torch", lambda: tpshard.load_rank_dtensors(d, None))]
+    for extra, call in calls:
+        try:
+            call()
+            return f"no error without {extra}"
+        except ModuleNotFoundError as e:
+            if f"pip install tpshard[{extra}]" not in str(e) or e.name != extra:
+                return f"{type(e).__name__}: {e}"
+    return ""
+
+
 @test("split() without output writes <name>-tp<N> beside the model, as the CLI does")
 def _():
     src = os.path.join(TMP, "beside", "llama")
