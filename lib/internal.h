@@ -523,12 +523,26 @@ typedef struct {
     tps_cond *when, *unless;
 } tps_lextra;
 
+/* When an engine's fused module has a bias: for the model types listed
+ * (none: every one), when `when` holds and `unless` does not. */
+typedef struct {
+    char **model_types;
+    size_t nmt;
+    tps_cond *when, *unless;
+    int line;
+} tps_lbias;
+
 typedef struct {
     char *into;    /* leaf name of the fused module, e.g. "qkv_proj" */
     tps_lpart *parts;
     size_t nparts;
     tps_lextra *extra;
     size_t nextra;
+    /* given (has_bias): the parts' biases fuse only when one entry holds,
+     * else they are refused; absent: whenever the checkpoint has them */
+    tps_lbias *bias;
+    size_t nbias;
+    int has_bias;
     int line;
 } tps_lfuse;
 

@@ -770,6 +770,59 @@ static int engine_key(const tps_lspec *s, const cJSON *config, const char *name)
     return 0;
 }
 
+/* Appends to buf, once per field, the setting of config.json that makes
+ * condition c hold ("attention_bias: true"), joined by ", or ". */
+static void enable_hint(char *buf, size_t len, const tps_cond *c)
+{
+    size_t o = strlen(buf), fl = strlen(c->field);
+    for (const char *at = buf; (at = strstr(at, c->field)); at += fl)
+        if ((at == buf || at[-1] == ' ') && at[fl] == ':') return;
+    char *v = c->value ? cJSON_PrintUnformatted(c->value) : NULL;
+    const char *val = c->op == TPS_COND_TRUTHY ? "true" : c->op == TPS_COND_FALSY ? "false"
+                                                                                  : v ? v : "?";
+    if (o < len)
+        snprintf(buf + o, len - o, "%s%s%s: %s", o ? ", or " : "",
+                 c->op == TPS_COND_NOT_EQUALS ? "a value of " : "", c->field, val);
+    if (c->op == TPS_COND_NOT_EQUALS && strlen(buf) < len)
+        snprintf(buf + strlen(buf), len - strlen(buf), " changed");
+    free(v);
+}
+
+/* Does the engine's fused module of f have a bias for this config? The
+ * config settings that would give it one, when it has none, in hint. */
+static int fused_bias(const tps_lfuse *f, const cJSON *config, char *hint, size_t len)
+{
+    hint[0] = 0;
+    if (!f->has_bias) return 1;
+    for (size_t k = 0; k < f->nbias; k++) {
+        const tps_lbias *b = &f->bias[k];
+        if (!type_listed(b->model_types, b->nmt, config)) continue;
+        if (b->unless && tps_cond_eval(b->unless, config)) continue;
+        if (!b->when || tps_cond_eval(b->when, config)) return 1;
+        enable_hint(hint, len, b->when);
+    }
+    return 0;
+}
+
+/* The config settings under which a keys entry would name the bias
+ * `name`, in hint (empty: none would). */
+static void key_hint(const tps_lspec *s, const cJSON *config, const char *name, char *hint,
+                     size_t len)
+{
+    const char *param = param_of(name);
+    size_t ml;
+    hint[0] = 0;
+    if (!module_of(name, &ml)) return;
+    for (size_t k = 0; k < s->nkeys; k++) {
+        const tps_lkey *e = &s->keys[k];
+        int p = 0, m = 0;
+        for (size_t j = 0; j < e->nparams && !p; j++) p = !strcmp(e->params[j], param);
+        for (size_t j = 0; j < e->npat && !m; j++) m = tps_module_match(e->patterns[j], name, ml);
+        if (p && m && e->when && type_listed(e->model_types, e->nmt, config))
+            enable_hint(hint, len, e->when);
+    }
+}
+
 /* The split a serving layout gives a source tensor; a refusal's reason in
  * *why. */
 static tps_split_kind spec_split(const tps_layout *L, size_t i, const char **why)
@@ -1680,6 +1733,20 @@ static tps_err compile_fused(cstate *C)
             if (!parent) return nomem(C);
             memcpy(parent, nm, pl);
             parent[pl] = 0;
+            char hint[256];
+            int has_bias = fused_bias(f, ck->config, hint, sizeof hint);
+            if (!has_bias && !strcmp(param, "bias")) {
+                const cJSON *mt = tps_config_get(ck->config, "model_type");
+                refuse(C, "tensor '%s': layout %s would fuse it into %s.%s.bias, but %s's model "
+                          "(model_type %s) builds %s.%s without a bias%s%s%s",
+                       nm, s->name, parent, f->into, s->target,
+                       cJSON_IsString(mt) ? mt->valuestring : "not given", parent, f->into,
+                       hint[0] ? ", so its loader would refuse the key: set " : ", whatever "
+                       "config.json says, so its loader would refuse the key (--layout dtensor "
+                       "keeps every tensor)", hint, hint[0] ? " in config.json if the model uses it" : "");
+                free(parent);
+                return TPS_OK;
+            }
             size_t idx[16] = {0};
             char missing[256] = "";
             for (size_t j = 0; j < f->nparts; j++) {
@@ -1717,6 +1784,29 @@ static tps_err compile_fused(cstate *C)
                              f->into, param, missing);
                 free(parent);
                 return TPS_OK;
+            }
+            for (size_t j = 0; f->has_bias && has_bias && !strcmp(param, "weight") && j < f->nparts;
+                 j++) {
+                /* the engine's module has a bias: the files must hold it */
+                const char *w = ck->t[idx[j]].name;
+                char *bn = tps_asprintf("%.*sbias", (int)(strlen(w) - strlen("weight")), w);
+                if (!bn) {
+                    free(parent);
+                    return nomem(C);
+                }
+                if (tps_ckpt_find(ck, bn) < 0) {
+                    const cJSON *mt = tps_config_get(ck->config, "model_type");
+                    refuse(C, "layout %s fuses '%s' into %s.%s, and %s's model (model_type %s) "
+                              "builds %s.%s with a bias for this config.json, but the checkpoint "
+                              "lacks '%s' (the engine's loader would report the key missing)",
+                           s->name, w, parent, f->into, s->target,
+                           cJSON_IsString(mt) ? mt->valuestring : "not given", parent, f->into, bn);
+                }
+                free(bn);
+                if (C->why[0]) {
+                    free(parent);
+                    return TPS_OK;
+                }
             }
             tps_err rc = place_fused(C, f, parent, param, idx, base, nrows);
             free(parent);
@@ -2049,13 +2139,17 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         if (s->has_keys && (int)i != emb && !vocab && !engine_key(s, ck->config, t->name)) {
             const cJSON *mt = tps_config_get(ck->config, "model_type");
             int bias = !strcmp(param_of(t->name), "bias");
+            char hint[256];
+            key_hint(s, ck->config, t->name, hint, sizeof hint);
             refuse(&C, "tensor '%s': %s's model (model_type %s) has no such parameter%s (layout "
-                       "%s writes exactly the engine's keys; --layout dtensor keeps every tensor)",
+                       "%s writes exactly the engine's keys; --layout dtensor keeps every tensor)"
+                       "%s%s%s",
                    t->name, s->target, cJSON_IsString(mt) ? mt->valuestring : "not given",
                    bias ? ": its load_weights would ignore this bias, and the model would compute "
                           "without it"
                         : ", and its load_weights does not skip it",
-                   s->name);
+                   s->name, hint[0] ? ": set " : "", hint,
+                   hint[0] ? " in config.json if the model uses it" : "");
             break;
         }
         TPS_CHECK(place_simple(&C, i, name, sk, L->p[i].rule));

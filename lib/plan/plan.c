@@ -1481,14 +1481,31 @@ static tps_err parse_lcheck(const pctx *pc, const ynode *m, tps_lcheck *c)
     return TPS_OK;
 }
 
+/* A fuse entry's bias entry: {model_types, when, unless}, each optional. */
+static tps_err parse_lbias(const pctx *pc, const ynode *m, tps_lbias *b)
+{
+    static const char *const known[] = {"model_types", "when", "unless"};
+    const ynode *v[3];
+    TPS_TRY(map_fields(pc, m, "bias entry", known, 3, v));
+    b->line = m->line;
+    if (v[0]) TPS_TRY(get_str_list(pc, v[0], "model_types", NULL, &b->model_types, &b->nmt));
+    for (int k = 1; k <= 2; k++) {
+        if (!v[k]) continue;
+        tps_cond **c = k == 1 ? &b->when : &b->unless;
+        if (!(*c = tps_xcalloc(1, sizeof **c))) return nomem(pc->ctx);
+        TPS_TRY(parse_cond(pc, v[k], known[k], *c));
+    }
+    return TPS_OK;
+}
+
 static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
-    static const char *const known[] = {"into", "parts", "extra"};
+    static const char *const known[] = {"into", "parts", "extra", "bias"};
     static const char *const pknown[] = {"module", "heads", "replicate", "rows"};
     static const char *const eknown[] = {"name", "dtype", "value", "shape", "quant", "when",
                                          "unless"};
-    const ynode *v[3];
-    TPS_TRY(map_fields(pc, m, "fuse entry", known, 3, v));
+    const ynode *v[4];
+    TPS_TRY(map_fields(pc, m, "fuse entry", known, 4, v));
     f->line = m->line;
     if (!v[0] || !v[1]) return perr(pc, m->line, "a fuse entry needs 'into' and 'parts'");
     TPS_TRY(get_str(pc, v[0], "into", &f->into));
@@ -1557,6 +1574,18 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
                 if (!e->unless) return nomem(pc->ctx);
                 TPS_TRY(parse_cond(pc, ev[6], "unless", e->unless));
             }
+        }
+    }
+    if (v[3]) { /* when the engine's fused module has a bias ([]: never) */
+        if (v[3]->type != YN_SEQ || v[3]->n > 64)
+            return perr(pc, v[3]->line, "'bias' must be a list of at most 64 entries ([]: the "
+                                        "engine's module never has a bias)");
+        f->has_bias = 1;
+        f->bias = tps_xcalloc(v[3]->n ? v[3]->n : 1, sizeof *f->bias);
+        if (!f->bias) return nomem(pc->ctx);
+        for (size_t i = 0; i < v[3]->n; i++) {
+            f->nbias++;
+            TPS_TRY(parse_lbias(pc, v[3]->kid[i], &f->bias[i]));
         }
     }
     return TPS_OK;
@@ -1870,6 +1899,14 @@ void tps_lspec_free(tps_lspec *s)
             free(f->extra[j].unless);
         }
         free(f->extra);
+        for (size_t j = 0; j < f->nbias; j++) {
+            strv_free(f->bias[j].model_types, f->bias[j].nmt);
+            if (f->bias[j].when) cond_clear(f->bias[j].when);
+            if (f->bias[j].unless) cond_clear(f->bias[j].unless);
+            free(f->bias[j].when);
+            free(f->bias[j].unless);
+        }
+        free(f->bias);
     }
     free(s->fuse);
     free(s);

@@ -2,8 +2,9 @@
 # The serving layouts write exactly the engine's key set: source tensors the
 # engine's own load_weights skips (rotary caches) are left out, listed in the
 # manifest as dropped, shown by plan and named by merge; a tensor the
-# engine's model has no place for (an unknown extra, Qwen2's o_proj.bias) is
-# refused before anything is written; the DTensor layout keeps every tensor.
+# engine's model has no place for (an unknown extra, Qwen2's o_proj.bias, a
+# q/k/v or MLP bias its config does not enable) is refused before anything is
+# written; the DTensor layout keeps every tensor.
 . "$TOP/tests/cli/lib.sh"
 
 # addt FILE NAME DTYPE SHAPE: adds tensor NAME (F32 or BF16, SHAPE "4" or "2,3")
@@ -175,6 +176,129 @@ gen llama "$T/lb" >/dev/null 2>&1
 addt "$T/lb/model.safetensors" model.layers.0.self_attn.o_proj.bias BF16 64
 expect_exit 1 "vllm refuses an o_proj.bias LLaMA's config does not give it" -- tps split "$T/lb" --tp 2 --layout vllm -o "$T/lb-v"
 expect_stderr_has "would ignore this bias" "saying the engine would ignore it"
+
+# setcfg DIR KEY VALUE: sets KEY of DIR/config.json to VALUE (a JSON literal),
+# or with VALUE "-" removes it.
+setcfg() {
+  python3 - "$@" <<'EOF'
+import json, sys
+p = sys.argv[1] + "/config.json"; c = json.load(open(p))
+if sys.argv[3] == "-": c.pop(sys.argv[2], None)
+else: c[sys.argv[2]] = json.loads(sys.argv[3])
+json.dump(c, open(p, "w"), indent=2)
+EOF
+}
+
+# delt FILE SUFFIX...: removes from the safetensors FILE every tensor whose name
+# ends with one of the SUFFIXes.
+delt() {
+  python3 - "$@" <<'EOF'
+import json, struct, sys
+p = sys.argv[1]; raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n]); data = raw[8 + n:]
+out, off, body = {}, 0, b""
+for k, v in h.items():
+    if k == "__metadata__": out[k] = v; continue
+    if k.endswith(tuple(sys.argv[2:])): continue
+    b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    out[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [off, off + len(b)]}
+    off += len(b); body += b
+j = json.dumps(out, separators=(",", ":")).encode(); j += b" " * (-len(j) % 8)
+open(p, "wb").write(struct.pack("<Q", len(j)) + j + body)
+EOF
+}
+
+# q/k/v and MLP biases fuse only where the engine's model builds the fused
+# bias (its config field enables it); else they are refused before anything is
+# written, naming the tensor, the layout and the field that would enable it
+gen llama "$T/ab" --attention-bias --mlp-bias >/dev/null 2>&1
+setcfg "$T/ab" attention_bias -
+setcfg "$T/ab" mlp_bias -
+for lay in vllm sglang; do
+  expect_exit 1 "$lay refuses LLaMA q/k/v biases without attention_bias" -- tps split "$T/ab" --tp 2 --layout "$lay" -o "$T/ab-$lay"
+  expect_stderr_has "tensor 'model.layers.0.self_attn.k_proj.bias'" "$lay: naming the bias"
+  expect_stderr_has "self_attn.qkv_proj without a bias" "$lay: and that the engine's qkv_proj has none"
+  expect_stderr_has "set attention_bias: true" "$lay: and the field that would enable it"
+  expect_stderr_has "layout $lay" "$lay: and the layout"
+  [ ! -e "$T/ab-$lay" ] && ok "$lay: nothing written for the q/k/v biases" || notok "$lay: ab refused split wrote files"
+  expect_exit 1 "$lay: plan refuses them too" -- tps plan "$T/ab" --tp 2 --layout "$lay"
+done
+setcfg "$T/ab" attention_bias false
+expect_exit 1 "vllm refuses them with attention_bias false" -- tps split "$T/ab" --tp 2 --layout vllm -o "$T/ab-f"
+expect_stderr_has "k_proj.bias" "naming the bias"
+
+# attention_bias true: the MLP biases are the ones refused
+setcfg "$T/ab" attention_bias true
+for lay in vllm sglang; do
+  expect_exit 1 "$lay refuses LLaMA MLP biases without mlp_bias" -- tps split "$T/ab" --tp 2 --layout "$lay" -o "$T/abm-$lay"
+  expect_stderr_has "tensor 'model.layers.0.mlp.gate_proj.bias'" "$lay: naming the MLP bias"
+  expect_stderr_has "mlp.gate_up_proj without a bias" "$lay: and that gate_up_proj has none"
+  [ ! -e "$T/abm-$lay" ] && ok "$lay: nothing written for the MLP biases" || notok "$lay: abm refused split wrote files"
+done
+expect_stderr_has "whatever config.json says" "sglang: its LlamaMLP has no bias whatever the config says"
+run tps split "$T/ab" --tp 2 --layout vllm -o "$T/abm-v2"
+grep -q "set mlp_bias: true in config.json" "$ERR" && ok "vllm: the MLP refusal names mlp_bias" || { notok "vllm mlp_bias named"; diag "$ERR"; }
+
+# enabled: the split goes through, and the rank files hold the fused biases
+gen llama "$T/ab2" --attention-bias --mlp-bias >/dev/null 2>&1
+setcfg "$T/ab2" mlp_bias -
+delt "$T/ab2/model.safetensors" mlp.gate_proj.bias mlp.up_proj.bias mlp.down_proj.bias
+for lay in vllm sglang; do
+  run tps split "$T/ab2" --tp 2 --layout "$lay" -o "$T/ab2-$lay" -q
+  if [ "$RC" = 0 ] && holds "$T/ab2-$lay/model-rank-0-part-0.safetensors" model.layers.0.self_attn.qkv_proj.bias &&
+     holds "$T/ab2-$lay/model-rank-1-part-0.safetensors" model.layers.1.self_attn.qkv_proj.bias &&
+     holds "$T/ab2-$lay/model-rank-1-part-0.safetensors" model.layers.0.self_attn.o_proj.bias; then
+    ok "$lay: with attention_bias true the rank files hold qkv_proj.bias and o_proj.bias"
+  else
+    notok "$lay: attention_bias true split"; diag "$ERR"
+  fi
+  run tps verify "$T/ab2-$lay" --source "$T/ab2"
+  [ "$RC" = 0 ] && ok "$lay: verify --source passes on the fused biases" || { notok "$lay: verify ab2"; diag "$OUT"; }
+done
+# vLLM's LlamaDecoderLayer: a config's qkv_bias decides the q/k/v biases alone
+# (o_proj keeps attention_bias); SGLang's does not read it
+setcfg "$T/ab2" attention_bias false
+setcfg "$T/ab2" qkv_bias true
+run tps plan "$T/ab2" --tp 2 --layout vllm
+[ "$RC" = 1 ] && grep -q "tensor 'model.layers.0.self_attn.o_proj.bias'" "$ERR" && ! grep -q "k_proj.bias" "$ERR" &&
+  ok "vllm: qkv_bias true gives LLaMA q/k/v biases, its o_proj.bias stays refused" ||
+  { notok "vllm qkv_bias"; diag "$ERR"; }
+expect_exit 1 "sglang: qkv_bias does not give LLaMA q/k/v biases" -- tps plan "$T/ab2" --tp 2 --layout sglang
+expect_stderr_has "k_proj.bias" "naming the q/k/v bias"
+setcfg "$T/ab2" qkv_bias false
+setcfg "$T/ab2" attention_bias true
+expect_exit 1 "vllm: qkv_bias false takes the q/k/v biases away from attention_bias true" -- tps plan "$T/ab2" --tp 2 --layout vllm
+expect_stderr_has "set qkv_bias: true" "naming qkv_bias"
+setcfg "$T/ab2" qkv_bias -
+# a fused bias the engine builds must be in the files (else "Missing keys")
+setcfg "$T/ab2" mlp_bias true
+expect_exit 1 "vllm refuses mlp_bias true without the MLP biases" -- tps split "$T/ab2" --tp 2 --layout vllm -o "$T/ab2-m"
+expect_stderr_has "lacks 'model.layers.0.mlp.gate_proj.bias'" "naming the missing bias"
+gen qwen2 "$T/q2n" >/dev/null 2>&1
+delt "$T/q2n/model.safetensors" model.layers.1.self_attn.q_proj.bias model.layers.1.self_attn.k_proj.bias model.layers.1.self_attn.v_proj.bias
+for lay in vllm sglang; do
+  expect_exit 1 "$lay refuses a Qwen2 lacking a q_proj.bias (its Qwen2 always builds one)" -- tps split "$T/q2n" --tp 2 --layout "$lay" -o "$T/q2n-$lay"
+  expect_stderr_has "lacks 'model.layers.1.self_attn.q_proj.bias'" "$lay: naming it"
+  expect_stderr_has "with a bias for this config.json" "$lay: and that the engine's model builds it"
+done
+
+# the DTensor layout keeps every bias whatever config.json says
+setcfg "$T/ab" attention_bias -
+run tps split "$T/ab" --tp 2 -o "$T/ab-dt" -q
+if [ "$RC" = 0 ] && holds "$T/ab-dt/model-rank-0-part-0.safetensors" model.layers.0.self_attn.q_proj.bias &&
+   holds "$T/ab-dt/model-rank-1-part-0.safetensors" model.layers.0.self_attn.v_proj.bias &&
+   holds "$T/ab-dt/model-rank-1-part-0.safetensors" model.layers.0.mlp.up_proj.bias &&
+   holds "$T/ab-dt/model-rank-0-part-0.safetensors" model.layers.0.mlp.down_proj.bias; then
+  ok "dtensor keeps q/k/v and MLP biases without attention_bias or mlp_bias"
+else
+  notok "dtensor keeps biases"; diag "$ERR"
+fi
+# an o_proj.bias, kept under its own name: its refusal names the fields too
+gen llama "$T/lo" >/dev/null 2>&1
+addt "$T/lo/model.safetensors" model.layers.0.self_attn.o_proj.bias BF16 64
+run tps split "$T/lo" --tp 2 --layout sglang -o "$T/lo-s"
+[ "$RC" = 1 ] && grep -q "set attention_bias: true, or bias: true in config.json" "$ERR" &&
+  ok "sglang: an o_proj.bias refusal names attention_bias and bias" || { notok "o_proj.bias hint"; diag "$ERR"; }
 
 # each engine's model skips its own list: SGLang's Gemma3 skips no rotary cache
 gen gemma3 "$T/g3" --gemma3-naming causal >/dev/null 2>&1

@@ -19,6 +19,7 @@ Run with build/venv/bin/python; env TPSHARD (binary), TOP (repo root),
 TPS_TMP (scratch).  Prints "ok - ..." / "not ok - ..." / "skip - ..." lines.
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -70,6 +71,9 @@ SPLITS = [
      " --head-dim 32 --inter 96 --vocab 262", [1, 2, 4], BOTH),
     ("gemma3-untied", "gemma3 --gemma3-naming causal --untied --hidden 32 --heads 4 --kv-heads 2"
      " --head-dim 16 --inter 64 --vocab 200", [2], BOTH),
+    # Qwen3 with attention_bias: SGLang's o_proj has the bias too, vLLM's has none
+    ("qwen3-attn-bias", "qwen3 --hidden 32 --heads 4 --kv-heads 2 --head-dim 16 --inter 64 --vocab 130"
+     " --attention-bias", [2], ("sglang",)),
     # 250 rows padded to 256 do not divide by 3: SGLang pads by 64*3 (384
     # rows), vLLM refuses (REFUSALS below)
     ("llama-tp3-v250", "llama --hidden 48 --heads 6 --kv-heads 3 --head-dim 8 --inter 96 --vocab 250",
@@ -87,6 +91,18 @@ REFUSALS = [
     ("intermediate", "mistral --hidden 32 --heads 4 --kv-heads 2 --inter 90 --vocab 256",
      4, BOTH, "intermediate_size"),
     ("vocab", "llama-tp3-v250", 3, ("vllm",), "vocab_size"),
+]
+
+# (label, gen.py options, config.json fields removed, layouts, the field the error names):
+# biases in the checkpoint that its config.json does not enable, which the engine's model
+# has no parameter for
+BIAS_REFUSALS = [
+    ("llama-qkv-bias", "llama --hidden 32 --heads 4 --kv-heads 2 --inter 64 --vocab 100"
+     " --attention-bias", ["attention_bias"], BOTH, "attention_bias"),
+    ("qwen3-qkv-bias", "qwen3 --hidden 32 --heads 4 --kv-heads 2 --head-dim 16 --inter 64"
+     " --vocab 130 --attention-bias", ["attention_bias"], BOTH, "attention_bias"),
+    ("llama-mlp-bias", "llama --hidden 32 --heads 4 --kv-heads 4 --inter 64 --vocab 100"
+     " --mlp-bias", ["mlp_bias"], ("vllm",), "mlp_bias"),
 ]
 
 # (SPLITS label, tp, layout) whose output is also put through check and a flipped bit
@@ -185,6 +201,28 @@ def check_refusal(label, model, tp, layout, field):
            "\n".join(problems + (["stderr: " + se.strip()] if se.strip() else [])))
 
 
+def check_bias_refusal(label, model, layout, field):
+    name = f"serving {layout} refuses {label} without {field}"
+    config, tensors = so.load_checkpoint(model)
+    try:
+        so.expected_ranks_from(config, tensors, layout, 2)
+        report(False, f"{name}: the oracle agrees", "the oracle places every tensor")
+        return
+    except so.Unsupported as e:
+        if ".bias" not in str(e):
+            report(False, f"{name}: the oracle agrees", str(e))
+            return
+    out = os.path.join(TMP, f"rb-{label}-{layout}")
+    rc, so_, se = tps("split", model, "--tp", 2, "--layout", layout, "-o", out, "-q")
+    problems = [] if rc == 1 else [f"exit {rc}"]
+    if ".bias'" not in se or f"set {field}: true" not in se or f"layout {layout}" not in se:
+        problems.append(f"the error does not name the bias, layout {layout} and {field}: {se.strip()}")
+    if glob.glob(os.path.join(out, "*.safetensors")):
+        problems.append("rank files written")
+    report(not problems, f"{name}: the oracle finds no place for the bias; split exits 1 naming "
+           f"it and {field}, writes nothing", "\n".join(problems))
+
+
 def main():
     if not os.access(TPSHARD, os.X_OK):
         print(f"skip - serving layouts: no tpshard binary at {TPSHARD}")
@@ -219,6 +257,20 @@ def main():
         except Exception as e:  # noqa: BLE001
             import traceback
             report(False, f"serving refusal {label} raised {type(e).__name__}", traceback.format_exc())
+    for label, args, fields, layouts, field in BIAS_REFUSALS:
+        try:
+            m = make_model("bias-" + label, args)
+            cfg = os.path.join(m, "config.json")
+            c = json.load(open(cfg))
+            for f in fields:
+                c.pop(f, None)
+            json.dump(c, open(cfg, "w"), indent=2)
+            for layout in layouts:
+                check_bias_refusal(label, m, layout, field)
+        except Exception as e:  # noqa: BLE001
+            import traceback
+            report(False, f"serving bias refusal {label} raised {type(e).__name__}",
+                   traceback.format_exc())
     if not os.environ.get("KEEP_TMP"):
         shutil.rmtree(TMP, ignore_errors=True)
     return 1 if ranktest.fails() else 0
