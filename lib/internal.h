@@ -663,14 +663,60 @@ void tps_lspec_free(tps_lspec *s);
 /* Module path patterns as plans match them ('*' one component). */
 int tps_module_match(const char *pattern, const char *module, size_t mlen);
 
-/* ------------------------------------------------------------------ quantized checkpoints (quant.c) */
+/* ------------------------------------------------------------------ quantized checkpoints (lib/quant/) */
 
-typedef enum { TPS_QM_FP8 = 1, TPS_QM_CT = 2 } tps_qmethod;
-typedef enum { TPS_QS_TENSOR = 0, TPS_QS_CHANNEL, TPS_QS_BLOCK } tps_qscale;
+/* How a scale follows its weight. */
+typedef enum { TPS_QS_TENSOR = 0, TPS_QS_CHANNEL, TPS_QS_BLOCK, TPS_QS_KINDS } tps_qscale;
+#define TPS_QS_ALL ((1u << TPS_QS_KINDS) - 1)
+extern const char *const tps_qscale_names[TPS_QS_KINDS];   /* "tensor", "channel", "block" */
+extern const char *const tps_qscale_labels[TPS_QS_KINDS];  /* "per-tensor", "per-channel", "block" */
 typedef enum { TPS_QR_PLAIN = 0, TPS_QR_WEIGHT, TPS_QR_SCALE, TPS_QR_INPUT_SCALE } tps_qrole;
 
+typedef struct tps_quant tps_quant;
+
+/* A tensor a method stores beside a quantized weight X.weight, named
+ * X<suffix> (".weight_scale_inv"): a scale of the kinds it may hold, or a
+ * static input scale (one value). */
 typedef struct {
-    tps_qmethod method;
+    const char *suffix;
+    tps_qrole role;   /* TPS_QR_SCALE or TPS_QR_INPUT_SCALE */
+    unsigned kinds;   /* bit per tps_qscale */
+} tps_qpart;
+
+/* One weight's scales as a dequantize kernel reads them, in f32: the
+ * source's (whole) or one rank's local ones. lo: the first block row or
+ * column (or channel row) they hold along the weight's split dim d (-1:
+ * whole); width: scales per row of s. */
+typedef struct {
+    tps_qscale kind;
+    uint64_t bn, bk;
+    const float *s;
+    uint64_t lo, width;
+    int d;
+} tps_qscales;
+
+/* A quantization method: everything split, layout, verify, inspect and plan
+ * know of it. Adding one is an entry in lib/quant/ (its config reader, the
+ * tensors it adds beside a weight, its dequantize kernel) and its tests. */
+typedef struct {
+    const char *name;   /* quantization_config.quant_method */
+    const char *what;   /* what of it tpshard splits, for messages */
+    /* reads quantization_config into q (blocks, ...); refuses what it cannot split */
+    tps_err (*read_config)(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_quant *q);
+    int (*weight_dtype)(tps_dtype d);  /* the quantized weight's storage */
+    const tps_qpart *parts;
+    size_t nparts;
+    /* w[0..width) = weight row j (global) from global column col0, in f32,
+     * times its scales */
+    void (*dequant_row)(const tps_qscales *s, uint64_t j, uint64_t col0, float *w, size_t width);
+} tps_qmethod;
+
+extern const tps_qmethod *const tps_qmethods[];
+extern const size_t tps_nqmethods;
+extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
+
+struct tps_quant {
+    const tps_qmethod *m;
     const char *method_name; /* as config.json says (borrowed) */
     uint64_t bn, bk;         /* block rows and columns; 0: no blocks */
     int *role;               /* per source tensor: tps_qrole */
@@ -678,7 +724,7 @@ typedef struct {
     int *input;              /* WEIGHT: its input scale, or -1 */
     tps_qscale *kind;        /* SCALE: per tensor, channel or block */
     size_t nquant;           /* quantized weights */
-} tps_quant;
+};
 
 /* The quantization of ck: NULL (*out) when config.json has none. Refuses
  * (TPS_E_REJECT) what is not supported; a scale that does not fit its
@@ -686,6 +732,9 @@ typedef struct {
  * naming the tensor. */
 tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out);
 void tps_quant_free(tps_quant *q);
+/* [bn, bk] of a config: two positive integers, or an error naming where. */
+tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
+                           uint64_t *bn, uint64_t *bk);
 
 /* ------------------------------------------------------------------ layout */
 

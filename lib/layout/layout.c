@@ -1999,13 +1999,12 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         }
         TPS_CHECK(add_check(&C, "architecture served", 1, "yes"));
         if (L->q && s->refuse_scales) {
-            static const char *const kname[] = {"per-tensor", "per-channel", "block"};
             for (size_t i = 0; i < ck->n; i++)
                 if (L->q->role[i] == TPS_QR_SCALE && (s->refuse_scales >> L->q->kind[i] & 1u)) {
                     snprintf(detail, sizeof detail,
                              "%s checkpoints with %s FP8 scales ('%s'): layout %s cannot write "
                              "them: %s",
-                             L->q->method_name, kname[L->q->kind[i]], ck->t[i].name, s->name,
+                             L->q->method_name, tps_qscale_labels[L->q->kind[i]], ck->t[i].name, s->name,
                              s->refuse_scales_reason);
                     TPS_CHECK(add_check(&C, "quantization served", 0, detail));
                     refuse(&C, "%s", detail);

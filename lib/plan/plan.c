@@ -1757,9 +1757,9 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
             TPS_TRY(get_str_list(pc, qv[2], "refuse", NULL, &kinds, &nk));
             tps_err rc = TPS_OK;
             for (size_t i = 0; i < nk; i++) {
-                if (!strcmp(kinds[i], "tensor")) s->refuse_scales |= 1u << TPS_QS_TENSOR;
-                else if (!strcmp(kinds[i], "channel")) s->refuse_scales |= 1u << TPS_QS_CHANNEL;
-                else if (!strcmp(kinds[i], "block")) s->refuse_scales |= 1u << TPS_QS_BLOCK;
+                int k = TPS_QS_KINDS;
+                while (k-- > 0 && strcmp(kinds[i], tps_qscale_names[k])) {}
+                if (k >= 0) s->refuse_scales |= 1u << k;
                 else if (!rc) rc = perr(pc, qv[2]->line, "scales: refuse lists tensor, channel or block");
             }
             strv_free(kinds, nk);

@@ -121,6 +121,7 @@ static tps_err load_scales(vctx *V, vunit *u, vjob *J)
     if (ssi < 0)
         return tps_fail(V->ctx, TPS_E_MISMATCH, "verify: scale %s is not in the source", sc->name);
     J->qkind = V->q->kind[s];
+    J->qm = V->q->m;
     J->bn = V->q->bn;
     J->bk = V->q->bk;
     J->scols = sc->ndim == 2 ? sc->shape[1] : 1;
@@ -145,30 +146,17 @@ static tps_err load_scales(vctx *V, vunit *u, vjob *J)
 }
 
 /* Multiplies rank `side`'s (or the source's, side -1) weight row j (global)
- * of `width` f32 elements by its scales. col0: the global column of w[0]. */
+ * of `width` f32 elements by its scales, with the method's kernel. col0:
+ * the global column of w[0]; dim: the rank's split dim. */
 static void dequant_row(const vjob *J, int side, uint64_t j, uint64_t col0, float *w,
                         size_t width, int dim)
 {
     const float *S = side < 0 ? J->sref : J->srank[side];
     if (!S) return;
-    uint64_t slo = side < 0 ? 0 : J->slo[side], sw = side < 0 ? J->scols : J->sw[side];
-    if (J->qkind == TPS_QS_TENSOR) {
-        for (size_t k = 0; k < width; k++) w[k] *= S[0];
-        return;
-    }
-    if (J->qkind == TPS_QS_CHANNEL) {
-        /* a colwise rank holds its rows' scales; a rowwise one every row's */
-        float sj = S[side >= 0 && dim == 0 ? j - slo : j];
-        for (size_t k = 0; k < width; k++) w[k] *= sj;
-        return;
-    }
-    uint64_t br = j / J->bn;
-    if (side >= 0 && dim == 0) br -= slo;
-    for (size_t k = 0; k < width; k++) {
-        uint64_t bc = (col0 + k) / J->bk;
-        if (side >= 0 && dim == 1) bc -= slo;
-        w[k] *= S[br * sw + bc];
-    }
+    tps_qscales sc = {.kind = (tps_qscale)J->qkind, .bn = J->bn, .bk = J->bk, .s = S,
+                      .lo = side < 0 ? 0 : J->slo[side], .width = side < 0 ? J->scols : J->sw[side],
+                      .d = side < 0 ? -1 : dim};
+    J->qm->dequant_row(&sc, j, col0, w, width);
 }
 
 static int gpu_native(tps_dtype d)

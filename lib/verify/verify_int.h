@@ -64,6 +64,7 @@ typedef struct {
      * (the source's, and every rank's piece of the scale tensor), so a
      * scale paired with the wrong rows shows in the products. */
     int qkind;          /* -1 unquantized, else tps_qscale */
+    const tps_qmethod *qm; /* its method: the dequantize kernel */
     uint64_t bn, bk;
     float *sref;        /* the source scale, row-major */
     uint64_t scols;     /* its width (block columns; 1 per channel or tensor) */
