@@ -385,6 +385,9 @@ typedef struct {
     uint64_t bytes_checked;
     char missing_ranks[256]; /* e.g. "1,2,5" or "" */
     int complete;            /* every rank is written and recorded in the manifest */
+    int headers_checked;     /* files whose header (length, JSON, padding) has the manifest's
+                              * CRC32; fewer than files_checked when the manifest predates
+                              * header CRCs (a warning says so) */
 } tps_check_result;
 
 /* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement.
