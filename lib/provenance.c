@@ -146,6 +146,19 @@ tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src)
             NOT_SPLIT_FROM("tensor '%s' is in %s, the manifest says %s", t->name, s->origin,
                            t->origin);
     }
+    /* Every source tensor is the manifest's, or one it records as left out. */
+    const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(ck->manifest, "dropped");
+    for (size_t j = 0; j < src->n; j++) {
+        if (tps_ckpt_find(ck, src->t[j].name) >= 0) continue;
+        int listed = 0;
+        for (const cJSON *d = dropped ? dropped->child : NULL; d && !listed; d = d->next) {
+            const cJSON *nm = cJSON_IsString(d) ? d : cJSON_GetObjectItemCaseSensitive(d, "name");
+            listed = cJSON_IsString(nm) && !strcmp(nm->valuestring, src->t[j].name);
+        }
+        if (!listed)
+            NOT_SPLIT_FROM("it holds tensor '%s' (in %s), which the manifest does not list",
+                           src->t[j].name, src->t[j].origin ? src->t[j].origin : "the source");
+    }
     /* Each file: its size (manifests record it since they record header
      * CRCs) and its header, which the manifest holds verbatim. */
     for (size_t k = 0; k < ck->norigins; k++) {
@@ -163,6 +176,75 @@ tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src)
     }
 #undef NOT_SPLIT_FROM
     return TPS_OK;
+}
+
+typedef struct {
+    size_t i;
+    uint64_t nbytes;
+} by_size;
+
+static int by_size_cmp(const void *a, const void *b)
+{
+    const by_size *x = a, *y = b;
+    if (x->nbytes != y->nbytes) return x->nbytes < y->nbytes ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* The source bytes of a piece are one run of the source tensor: the whole
+ * tensor (Replicate) or rows [lo, hi) of dim 0, in the tensor's own dtype. */
+static int contiguous_piece(const tps_ctensor *t, const tps_piece *pc, uint64_t *off)
+{
+    if (!pc->has_crc || pc->stored != t->dtype || pc->fbytes != pc->nbytes) return 0;
+    if (t->dim < 0) return *off = 0, pc->nbytes == t->nbytes;
+    if (t->dim != 0 || !t->ndim || !t->shape[0] || t->nbytes % t->shape[0]) return 0;
+    uint64_t row = t->nbytes / t->shape[0];
+    *off = pc->lo * row;
+    return pc->hi >= pc->lo && pc->hi <= t->shape[0] && (pc->hi - pc->lo) * row == pc->nbytes;
+}
+
+tps_err tps_prov_source_sample(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src,
+                               uint64_t budget)
+{
+    tps_err rc = TPS_OK;
+    by_size *ord = tps_xcalloc(ck->n ? ck->n : 1, sizeof *ord);
+    char *buf = NULL;
+    TPS_FAIL_IF(!ord, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t i = 0; i < ck->n; i++) ord[i] = (by_size){i, ck->t[i].nbytes};
+    qsort(ord, ck->n, sizeof *ord, by_size_cmp);
+    uint64_t used = 0;
+    for (size_t k = 0; k < ck->n && used < budget; k++) {
+        const tps_ctensor *t = &ck->t[ord[k].i];
+        int j = tps_ckpt_find(src, t->derived_from ? t->derived_from : t->name);
+        if (j < 0 || src->t[j].nbytes != t->nbytes) continue; /* tps_prov_source said so */
+        for (int p = 0; p < t->npieces && used < budget; p++) {
+            const tps_piece *pc = &t->pieces[p];
+            uint64_t off;
+            if (!contiguous_piece(t, pc, &off)) continue;
+            if (!buf) buf = tps_xmalloc(CHUNK);
+            TPS_FAIL_IF(!buf, ctx, TPS_E_NOMEM, "out of memory");
+            uint32_t c = 0;
+            for (uint64_t a = 0; a < pc->nbytes; a += CHUNK) {
+                size_t len = (size_t)(pc->nbytes - a < CHUNK ? pc->nbytes - a : CHUNK);
+                TPS_CHECK(tps_ckpt_read(ctx, src, (size_t)j, off + a, buf, len));
+                c = tps_crc32(c, buf, len);
+            }
+            used += pc->nbytes;
+            char rows[96] = "";
+            if (t->dim == 0)
+                snprintf(rows, sizeof rows, " (rows [%llu, %llu), rank %d's shard)",
+                         (unsigned long long)pc->lo, (unsigned long long)pc->hi, pc->rank);
+            TPS_FAIL_IF(c != pc->crc, ctx, TPS_E_MISMATCH,
+                        "verify: %s is not the checkpoint %s was split from (its manifest "
+                        "records the source): tensor '%s' differs: its bytes%s have CRC32 "
+                        "0x%08x there, the manifest records 0x%08x",
+                        src->path, ck->path, src->t[j].name, rows, c, pc->crc);
+            if (t->dim < 0) break; /* every rank holds the same bytes */
+        }
+    }
+out:
+    free(ord);
+    free(buf);
+    return rc;
 }
 
 tps_err tps_prov_tensor_intact(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int *same)

@@ -29,6 +29,14 @@ tps_err tps_prov_rank_header(tps_ctx *ctx, const char *mpath, const char *path, 
  * differs. Reads no tensor bytes. */
 tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src);
 
+/* Then the bytes, sampled up front: the smallest tensors the manifest holds
+ * whole or in row ranges (Replicate, Shard(0)), up to `budget` bytes of the
+ * source, must have the CRC32s the manifest records. A source with the same
+ * names and shapes but other values (a fine-tune, another revision) is
+ * named here before verify reads the rest. */
+tps_err tps_prov_source_sample(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src,
+                               uint64_t budget);
+
 /* Whether tensor i of ck, a sharded directory, holds on every rank the bytes
  * the manifest's CRC32s record: *same is 1 when every piece and replica
  * matches. */

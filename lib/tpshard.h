@@ -46,6 +46,7 @@ typedef enum {
     TPS_E_NOSPACE = 14,    /* not enough free space or file size limit */
     TPS_E_DEVICE = 15,     /* CUDA, cuBLAS or NCCL error */
     TPS_E_SHAPE = 16,      /* a tensor cannot be split as the plan asks */
+    TPS_E_PARTIAL = 17,    /* ranks missing: split --ranks runs have not filled the directory */
 } tps_err;
 
 const char *tps_strerror(tps_err e);

@@ -83,6 +83,7 @@ class ErrorCode(enum.IntEnum):
     NOSPACE = 14       #: not enough free space or file size limit
     DEVICE = 15        #: CUDA, cuBLAS or NCCL error
     SHAPE = 16         #: a tensor cannot be split as the plan asks
+    PARTIAL = 17       #: ranks missing: split(ranks=...) runs have not filled the directory
 
 
 class Error(Exception):
