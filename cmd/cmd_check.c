@@ -6,8 +6,9 @@ const char usage_check[] =
     "usage: tpshard check DIR [--json]\n"
     "\n"
     "Verifies a tpshard output directory against its manifest, without the source:\n"
-    "every rank file parses, every tensor has the manifest's dtype, shape and CRC32,\n"
-    "shards cover each tensor's dims exactly once, replicas agree. A directory that\n"
+    "every rank file parses, every rank file's header (__metadata__, tensor table,\n"
+    "padding) and every tensor has the manifest's CRC32, dtype and shape, shards\n"
+    "cover each tensor's dims exactly once, replicas agree. A directory that\n"
     "split --ranks runs have not filled yet is partial: the ranks it holds are\n"
     "checked, the others named, and the exit status is 3.\n"
     "\n"
@@ -38,6 +39,11 @@ int cmd_check(int argc, char **argv)
         printf("%s: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
                r.complete ? "ok" : "partial", dir, r.files_checked, r.files_checked == 1 ? "" : "s",
                (unsigned long long)r.tensors_checked, cli_human(r.bytes_checked, b, sizeof b), r.tp);
+        if (r.headers_checked < r.files_checked)
+            printf("unchecked: the headers of %d file%s: the manifest records no header CRC32 "
+                   "(split again to cover every byte)\n",
+                   r.files_checked - r.headers_checked,
+                   r.files_checked - r.headers_checked == 1 ? "" : "s");
         if (!r.complete)
             printf("partial: rank(s) %s are not written here yet (split --ranks); %d of %d ranks "
                    "present\n",

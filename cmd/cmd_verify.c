@@ -38,8 +38,10 @@ const char usage_verify[] =
     "  -q, -v               only the verdict; every check row\n"
     "  -h, --help           this text\n"
     "\n"
-    "Exit status: 0 when every check passes, 1 when one fails or on error, 2 on a\n"
-    "usage error.\n";
+    "Exit status: 0 when every check passes, 1 when one fails or on error (a rank\n"
+    "file's header changed, or the source is not the checkpoint the manifest\n"
+    "records), 2 on a usage error, 3 when the directory is partial (split --ranks\n"
+    "runs have not written every rank).\n";
 
 static void print_row(const tps_verify_row *r, int w)
 {
@@ -127,7 +129,9 @@ int cmd_verify(int argc, char **argv)
     tps_err e = tps_verify(ctx, &o, &R);
     cli_progress_done();
     if (e) {
+        /* a partial directory: exit 3, as check's */
         int st = cli_lib_error(ctx, e);
+        if (e == TPS_E_PARTIAL) st = 3;
         tps_ctx_free(ctx);
         return st;
     }

@@ -339,6 +339,7 @@ struct tps_ckpt {
     cJSON *index_meta;  /* the source index's "metadata" object (merge writes it back) */
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
     unsigned char *rank_written; /* sharded dirs: tp entries, the manifest says written */
+    int headers_unrecorded;      /* sharded dirs: rank files whose header CRC it lacks */
     char *plan_name;    /* sharded dirs: plan recorded in the manifest */
     const char *plan_text; /* sharded dirs (version 2): the plan's YAML, or NULL */
     const char *layout_name;   /* sharded dirs: "dtensor", "vllm"... (borrowed from the manifest) */

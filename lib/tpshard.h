@@ -46,6 +46,7 @@ typedef enum {
     TPS_E_NOSPACE = 14,    /* not enough free space or file size limit */
     TPS_E_DEVICE = 15,     /* CUDA, cuBLAS or NCCL error */
     TPS_E_SHAPE = 16,      /* a tensor cannot be split as the plan asks */
+    TPS_E_PARTIAL = 17,    /* ranks missing: split --ranks runs have not filled the directory */
 } tps_err;
 
 const char *tps_strerror(tps_err e);
@@ -391,6 +392,9 @@ typedef struct {
     uint64_t bytes_checked;
     char missing_ranks[256]; /* e.g. "1,2,5" or "" */
     int complete;            /* every rank is written and recorded in the manifest */
+    int headers_checked;     /* files whose header (length, JSON, padding) has the manifest's
+                              * CRC32; fewer than files_checked when the manifest predates
+                              * header CRCs (a warning says so) */
 } tps_check_result;
 
 /* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement.

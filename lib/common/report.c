@@ -561,6 +561,7 @@ tps_err tps_check_json(tps_ctx *ctx, const char *dir, const tps_check_result *r,
     jw_kint(&w, "files_checked", r->files_checked);
     jw_kuint(&w, "tensors_checked", r->tensors_checked);
     jw_kuint(&w, "bytes_checked", r->bytes_checked);
+    jw_kint(&w, "headers_checked", r->headers_checked);
     return jw_finish(ctx, &w, out);
 }
 

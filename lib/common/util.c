@@ -38,6 +38,7 @@ const char *tps_strerror(tps_err e)
     case TPS_E_NOSPACE: return "no space left or file size limit reached";
     case TPS_E_DEVICE: return "GPU error";
     case TPS_E_SHAPE: return "tensor cannot be split as planned";
+    case TPS_E_PARTIAL: return "ranks missing (a partial directory)";
     }
     return "unknown error";
 }

@@ -4,6 +4,7 @@
  * Every tensor is a list of pieces concatenated along one dim, so reading a
  * logical byte range works the same for all of them. */
 #include "internal.h"
+#include "provenance.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -664,6 +665,14 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
          * --ranks run's that is still writing, or was killed before it
          * recorded its ranks. Not the manifest's: the rank is missing. */
         if (!ck->rank_written[rk->valueint]) continue;
+        /* Its header first: the placements and shapes read below come from it. */
+        int recorded;
+        char *rp = tps_path_join(ck->dir, nm->valuestring);
+        TPS_FAIL_IF(!rp, ctx, TPS_E_NOMEM, "out of memory");
+        rc = tps_prov_rank_header(ctx, mpath, rp, f, &recorded);
+        free(rp);
+        if (rc) goto out;
+        ck->headers_unrecorded += !recorded;
         size_t fi;
         TPS_CHECK(add_file(ctx, ck, nm->valuestring, &fi));
         ck->files[fi].rank = rk->valueint;
@@ -676,6 +685,12 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
         ck->files[fi].st->raw = NULL;
         tps_st_drop_meta(ck->files[fi].st);
     }
+    if (ck->headers_unrecorded)
+        tps_log(ctx, TPS_LOG_WARN,
+                "%s: the manifest records no CRC32 of the rank files' headers (a tpshard older "
+                "than header coverage wrote it): the headers of %d file%s (__metadata__, tensor "
+                "table) are not checked; split again to cover every byte",
+                mpath, ck->headers_unrecorded, ck->headers_unrecorded == 1 ? "" : "s");
     /* The files of each rank, so a lookup scans only that rank's parts:
      * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */
     rank_start = tps_xcalloc((size_t)ck->tp + 1, sizeof *rank_start);

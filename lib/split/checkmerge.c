@@ -251,6 +251,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
     res->tp = ck->tp;
     res->files_checked = (int)ck->nfiles;
+    res->headers_checked = (int)ck->nfiles - ck->headers_unrecorded; /* at open */
     res->ranks_present = missing_ranks(ck, res->missing_ranks, sizeof res->missing_ranks);
     res->complete = res->ranks_present == ck->tp;
     TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));

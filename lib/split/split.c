@@ -6,6 +6,7 @@
  * of tasks that any thread can run with pread/pwrite, and CRC32s of the
  * pieces a tensor was cut into are joined with crc32_combine. */
 #include "internal.h"
+#include "model/provenance.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -39,6 +40,7 @@ typedef struct {
     int fd;
     int nparts;      /* of its rank */
     size_t hdr_len;
+    uint32_t hdr_crc; /* of the hdr_len bytes written: the manifest covers them */
     uint64_t size;
 } ofile;
 
@@ -827,6 +829,9 @@ typedef struct {
     const char *name;
     int rank, part;
     uint64_t bytes;
+    int has_hdr;       /* an earlier --ranks run's entry may predate header CRCs */
+    uint64_t hdr_bytes;
+    uint32_t hdr_crc;
 } fent;
 
 static int fent_cmp(const void *a, const void *b)
@@ -868,6 +873,27 @@ static void mw_dropped(const engine *E, FILE *f)
         fputc('}', f);
     }
     if (!first) fputs("\n]", f);
+}
+/* The size of source file `name`: its own, or (a reshard) what the source
+ * directory's manifest records, so verify --source can tell another
+ * checkpoint before it reads a byte. */
+static int origin_bytes(const tps_ckpt *ck, const char *name, uint64_t *size)
+{
+    if (ck->kind != TPS_SRC_SHARDED) {
+        for (size_t k = 0; k < ck->nfiles; k++)
+            if (!strcmp(ck->files[k].name, name)) return *size = ck->files[k].size, 1;
+        return 0;
+    }
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(ck->manifest, "source"), "files");
+    for (const cJSON *e = sf ? sf->child : NULL; e; e = e->next) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+        const cJSON *by = cJSON_GetObjectItemCaseSensitive(e, TPS_PROV_SOURCE_BYTES);
+        if (cJSON_IsString(nm) && !strcmp(nm->valuestring, name) && cJSON_IsNumber(by) &&
+            by->valuedouble >= 0)
+            return *size = (uint64_t)by->valuedouble, 1;
+    }
+    return 0;
 }
 
 static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
@@ -914,6 +940,9 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     for (size_t i = 0; i < ck->norigins; i++) {
         fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
         mw_str(f, ck->origins[i]);
+        uint64_t osz;
+        if (origin_bytes(ck, ck->origins[i], &osz))
+            fprintf(f, ", \"" TPS_PROV_SOURCE_BYTES "\": %llu", (unsigned long long)osz);
         fputs(", \"metadata\": ", f);
         mw_json(f, cJSON_GetObjectItemCaseSensitive(ck->origin_meta, ck->origins[i]));
         /* The original header, so merge gives back the file byte for byte
@@ -953,7 +982,7 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
     size_t m = 0;
     for (size_t i = 0; fe && i < E->nfiles; i++)
         fe[m++] = (fent){base_name(E->files[i].final), E->files[i].rank, E->files[i].part,
-                         E->files[i].size};
+                         E->files[i].size, 1, E->files[i].hdr_len, E->files[i].hdr_crc};
     for (const cJSON *pf = pfiles ? pfiles->child : NULL; fe && pf; pf = pf->next) {
         const cJSON *rk = cJSON_GetObjectItemCaseSensitive(pf, "rank");
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(pf, "name");
@@ -962,14 +991,22 @@ static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned 
         if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint] ||
             !cJSON_IsString(nm) || !cJSON_IsNumber(pt) || !cJSON_IsNumber(by))
             continue;
-        fe[m++] = (fent){nm->valuestring, rk->valueint, pt->valueint, (uint64_t)by->valuedouble};
+        const cJSON *hb = cJSON_GetObjectItemCaseSensitive(pf, TPS_PROV_HEADER_BYTES);
+        const cJSON *hc = cJSON_GetObjectItemCaseSensitive(pf, TPS_PROV_HEADER_CRC);
+        int hh = cJSON_IsNumber(hb) && cJSON_IsNumber(hc);
+        fe[m++] = (fent){nm->valuestring, rk->valueint, pt->valueint, (uint64_t)by->valuedouble, hh,
+                         hh ? (uint64_t)hb->valuedouble : 0, hh ? (uint32_t)hc->valuedouble : 0};
     }
     if (fe) qsort(fe, m, sizeof *fe, fent_cmp);
     for (size_t i = 0; i < m; i++) {
         fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
         mw_str(f, fe[i].name);
-        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu}", fe[i].rank, fe[i].part,
+        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu", fe[i].rank, fe[i].part,
                 (unsigned long long)fe[i].bytes);
+        if (fe[i].has_hdr)
+            fprintf(f, ", \"" TPS_PROV_HEADER_BYTES "\": %llu, \"" TPS_PROV_HEADER_CRC "\": %u",
+                    (unsigned long long)fe[i].hdr_bytes, (unsigned)fe[i].hdr_crc);
+        fputc('}', f);
     }
     free(fe);
     fputs("],\n\"tensors\": [", f);
@@ -1414,6 +1451,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         TPS_CHECK(file_header(&E, i, &hdr));
         tps_err wrc = f->hdr_len != len ? tps_fail(ctx, TPS_E_IO, "%s: header changed size", f->final)
                                         : tps_pwrite_full(ctx, f->fd, f->final, hdr, f->hdr_len, 0);
+        if (!wrc) f->hdr_crc = tps_crc32(0, hdr, f->hdr_len);
         free(hdr);
         TPS_CHECK(wrc);
         /* Size it now: a full disk or a size limit shows before the copy. */

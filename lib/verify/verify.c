@@ -40,6 +40,7 @@
 #include <zlib.h>
 
 #include "verify_int.h"
+#include "model/provenance.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -1225,6 +1226,59 @@ static int dropped_by_layout(const tps_ckpt *ck, const char *name)
     return 0;
 }
 
+/* Source bytes compared with the manifest's CRC32s before the checks start:
+ * the smallest tensors (norms, biases, small projections), a read of well
+ * under a second. */
+#define SOURCE_SAMPLE (64u << 20)
+
+/* A directory that split --ranks runs have not filled: one error naming the
+ * missing ranks (TPS_E_PARTIAL, as check's exit status 3), not a failed row
+ * per tensor. */
+static tps_err refuse_partial(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
+{
+    char miss[256] = "";
+    size_t ml = 0;
+    int present = 0;
+    for (int r = 0; r < ck->tp; r++) {
+        if (ck->rank_present[r]) {
+            present++;
+            continue;
+        }
+        int w = snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+        if (w > 0 && ml + (size_t)w < sizeof miss) ml += (size_t)w;
+    }
+    if (present == ck->tp) return TPS_OK;
+    return tps_fail(ctx, TPS_E_PARTIAL,
+                    "%s: partial: rank%s %s %s not written here yet (split --ranks; %d of %d "
+                    "ranks present): verify needs every rank",
+                    dir, strchr(miss, ',') ? "s" : "", miss, strchr(miss, ',') ? "are" : "is",
+                    present, ck->tp);
+}
+
+/* Shards that differ from the source although they hold exactly the bytes
+ * the manifest's CRC32s record: the source is not the checkpoint that was
+ * split (same names, shapes and sizes, other values: a fine-tune, another
+ * revision). One error naming the first such tensor replaces the report. */
+static tps_err blame_source(vctx *V)
+{
+    for (size_t i = 0; i < V->nu; i++) {
+        const vunit *u = &V->u[i];
+        int differs = 0;
+        for (int s = 0; s < u->nslot && !differs; s++) differs = atomic_load(&u->diff[s]) != 0;
+        if (!differs || u->pre) continue;
+        int intact = 0;
+        TPS_TRY(tps_prov_tensor_intact(V->ctx, V->ck, u->t, &intact));
+        if (intact)
+            return tps_fail(V->ctx, TPS_E_MISMATCH,
+                            "verify: %s is not the checkpoint %s was split from (its manifest "
+                            "records the source): tensor '%s' differs there from the bytes split "
+                            "(the rank files hold what the manifest's CRC32s record)",
+                            V->o->source, V->o->dir, u->ct->derived_from ? u->ct->derived_from
+                                                                        : u->ct->name);
+    }
+    return TPS_OK;
+}
+
 tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **out)
 {
     if (out) *out = NULL;
@@ -1264,11 +1318,17 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
         o->dir, TPS_MANIFEST);
     V->tp = V->ck->tp;
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
+    TPS_CHECK(refuse_partial(ctx, V->ck, o->dir));
     if (V->ck->layout_target) TPS_CHECK(expect_layout(V));
     /* FP8 weights: the products dequantize them (the layout has read it already) */
     if (V->lay) V->q = V->lay->q;
     else TPS_CHECK(tps_quant_open(ctx, V->ck, &V->q));
-    if (o->source) TPS_CHECK(tps_ckpt_open(ctx, o->source, &V->src));
+    if (o->source) {
+        TPS_CHECK(tps_ckpt_open(ctx, o->source, &V->src));
+        /* another checkpoint than the one split: said first, not as a row per tensor */
+        TPS_CHECK(tps_prov_source(ctx, V->ck, V->src));
+        TPS_CHECK(tps_prov_source_sample(ctx, V->ck, V->src, SOURCE_SAMPLE));
+    }
     int nth = tps_threads(ctx);
     if (nth < 1) nth = 1;
     V->local = malloc((size_t)V->tp);
@@ -1365,6 +1425,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
                         ctx, TPS_E_NOMEM, "verify: out of memory");
         }
     }
+    if (V->src && !R->ok) TPS_CHECK(blame_source(V));
     if (V->gpu) {
         uint64_t bad = R->ok ? 0 : 1;
         TPS_CHECK(tps_gpu_sum_u64(ctx, V->gpu, &bad));

@@ -457,12 +457,26 @@ char *tps_va_check_bias(vctx *V, vunit *u)
     if (!tps_va_numeric_dtype(b->dtype)) return tps_asprintf("bias %s is not a float dtype", b->name);
     u->bias_si = tps_ckpt_find(V->src, b->name);
     if (u->bias_si < 0) return tps_asprintf("bias %s is not in the source", b->name);
-    int has[256] = {0};
-    for (int p = 0; p < b->npieces; p++)
-        if (b->pieces[p].rank >= 0 && b->pieces[p].rank < 256) has[b->pieces[p].rank] = 1;
-    for (int r = 0; r < V->tp && r < 256; r++)
-        if (!has[r] && (want == 0 || r == 0))
-            return tps_asprintf("bias %s lacks rank %d", b->name, r);
+    if (want < 0) { /* rowwise: rank 0's copy is added once after the reduction */
+        for (int p = 0; p < b->npieces; p++)
+            if (b->pieces[p].rank == 0) return NULL;
+        return tps_asprintf("bias %s lacks rank 0", b->name);
+    }
+    /* colwise: every rank holds the bias rows of its weight rows, as its own
+     * piece or, where a serving layout replicates KV heads over more ranks
+     * than there are heads, as a replica of another rank's rows */
+    for (int s = 0; s < u->nslot; s++) {
+        if (u->piece[s] < 0) continue;
+        int r = u->slot_rank[s], held = 0;
+        uint64_t lo = u->lo[s], hi = u->lo[s] + u->len[s];
+        for (int p = 0; p < b->npieces + b->nreplicas && !held; p++) {
+            const tps_piece *pc = p < b->npieces ? &b->pieces[p] : &b->replicas[p - b->npieces];
+            held = pc->rank == r && pc->lo == lo && pc->hi == hi;
+        }
+        if (!held)
+            return tps_asprintf("bias %s lacks rank %d's rows [%llu, %llu)", b->name, r,
+                                (unsigned long long)lo, (unsigned long long)hi);
+    }
     return NULL;
 }
 

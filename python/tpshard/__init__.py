@@ -83,6 +83,7 @@ class ErrorCode(enum.IntEnum):
     NOSPACE = 14       #: not enough free space or file size limit
     DEVICE = 15        #: CUDA, cuBLAS or NCCL error
     SHAPE = 16         #: a tensor cannot be split as the plan asks
+    PARTIAL = 17       #: ranks missing: split(ranks=...) runs have not filled the directory
 
 
 class Error(Exception):
@@ -477,7 +478,9 @@ def check(dir: PathLike) -> Dict[str, Any]:
         The document: ok, schema_version, dir, tp, ranks_present,
         missing_ranks ("1,2,5" or ""), complete (False for a directory that
         split(ranks=...) runs have not finished: the command exits 3 then),
-        files_checked, tensors_checked and bytes_checked.
+        files_checked, tensors_checked, bytes_checked and headers_checked
+        (rank files whose header has the manifest's CRC32: fewer than
+        files_checked only for a manifest older than header CRCs).
 
     Raises:
         tpshard.Error: a file that disagrees with the manifest (MISMATCH),

@@ -116,7 +116,7 @@ else
   grep -q '^partial: ' "$OUT" && ! grep -q '^ok' "$OUT" && ok "check says partial, not ok" ||
     { notok "check's report of the killed task's directory"; diag "$OUT"; }
   expect_exit 1 "merge refuses the partial directory" -- tps merge "$T/k" -o "$T/km"
-  expect_exit 1 "verify fails the partial directory" -- tps verify "$T/k" --source "$T/big"
+  expect_exit 3 "verify refuses the partial directory (exit 3, as check)" -- tps verify "$T/k" --source "$T/big"
   # The scheduler runs the task again.
   run env RANK=2 WORLD_SIZE=4 "$TPSHARD" split "$T/big" --tp 8 -o "$T/k" --ranks auto -q
   if [ "$RC" = 0 ] && same_as_one "$T/one" "$T/k" && tps check "$T/k" -q 2>"$ERR"; then

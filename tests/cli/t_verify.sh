@@ -193,12 +193,23 @@ run tps verify "$T/trunc"
 [ "$RC" = 1 ] && ok "a rank file cut inside its header is an error (exit 1)" ||
   { notok "header-truncated rank file: exit $RC"; diag "$ERR"; }
 
-# 8. Ranks not written (split --ranks): reported, not crashed on.
+# 8. Ranks not written (split --ranks): one line naming them, exit 3 as check's.
 rm -rf "$T/part"
 run tps split "$CONF/llama-tp3/model" --tp 3 --ranks 0,2 -o "$T/part" -q
 if [ "$RC" = 0 ]; then
-  run tps verify "$T/part" --source "$CONF/llama-tp3/model"
-  failnames "a directory missing rank 1 fails verify, saying so" "rank 1 missing"
+  for src in with without; do
+    if [ $src = with ]; then run tps verify "$T/part" --source "$CONF/llama-tp3/model"
+    else run tps verify "$T/part"; fi
+    if [ "$RC" = 3 ] && [ "$(wc -l <"$ERR")" = 1 ] && [ ! -s "$OUT" ] &&
+       grep -q "^tpshard: error: $T/part: partial: rank 1 is not written here yet" "$ERR"; then
+      ok "a directory missing rank 1: verify ($src --source) says so in one line, exit 3"
+    else notok "verify of a partial directory ($src --source): exit $RC"; diag "$ERR"; diag "$OUT"; fi
+  done
+  run tps verify "$T/part" --json
+  [ "$RC" = 3 ] && python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); assert d["ok"] is False and "partial: rank 1 " in d["error"], d' "$OUT" &&
+    ok "verify --json of a partial directory: the error document, exit 3" || { notok "partial --json: exit $RC"; diag "$OUT"; }
+  run tps split "$CONF/llama-tp3/model" --tp 3 --ranks 1 -o "$T/part" -q
+  expect_exit 0 "once --ranks 1 joins, verify passes" -- tps verify "$T/part" --source "$CONF/llama-tp3/model"
 else notok "split --ranks 0,2"; diag "$ERR"; fi
 
 # 9. --tensors, the source missing a tensor, usage.
@@ -209,8 +220,9 @@ else notok "--tensors"; diag "$OUT"; fi
 run tps verify "$L" --tensors 'nothing*'
 [ "$RC" = 1 ] && ok "--tensors matching nothing is an error" || notok "--tensors nothing: exit $RC"
 run tps verify "$L" --source "$CONF/llama-tp4-uneven-vocab/model"
-[ "$RC" = 1 ] && grep -q '^verify: FAIL' "$OUT" && ok "the wrong source fails" ||
-  { notok "wrong source: exit $RC"; diag "$OUT"; }
+[ "$RC" = 1 ] && grep -q "is not the checkpoint $L was split from" "$ERR" && [ ! -s "$OUT" ] &&
+  ok "the wrong source fails first, as not the checkpoint split" ||
+  { notok "wrong source: exit $RC"; diag "$OUT"; diag "$ERR"; }
 run tps verify "$CONF/llama-tp3/model"
 [ "$RC" = 1 ] && grep -qi 'not a tpshard output' "$ERR" && ok "a plain checkpoint is not a shard directory" ||
   { notok "verify MODEL: exit $RC"; diag "$ERR"; }

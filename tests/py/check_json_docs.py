@@ -185,7 +185,9 @@ def exit_status_agrees(d):
     if not isinstance(doc, dict):
         return False
     if d["error"]:
-        return rc in (1, 130)
+        # verify of a partial directory: the error document, exit 3 as check's
+        partial = kind == "verify" and ": partial: " in str(doc.get("error"))
+        return rc in ((3,) if partial else (1, 130))
     if kind == "check":
         return rc == (0 if doc.get("missing_ranks") == "" else 3)
     if kind in ("plan", "verify"):

@@ -313,20 +313,31 @@ def check_refusal(label, model_label, layout, tp, ep, word):
 
 
 def check_partial_kinds():
-    """A --ranks directory: a tensor on every rank is 'replicated' although
-    some of its ranks are not written yet; an --ep expert is 'whole'."""
+    """A --ranks directory: verify refuses it while ranks are missing (one
+    error naming them, exit 3, as check); once the runs have joined, a tensor
+    on every rank is 'replicated' and an --ep expert is 'whole'."""
     model = make_model("qwen3moe-e8")
     for ep in (False, True):
         out = os.path.join(TMP, "o-partial" + ("-ep" if ep else ""))
         rc, so_, se = tps(*split_args(model, 4, "vllm", ep, out), "--ranks", "0-1")
-        rc2, kinds, se2 = verify_kinds(out, model)
-        norm = kinds.get("model.norm.weight")
-        expert = kinds.get("model.layers.0.mlp.experts.0.up_proj.weight")
+        rcp, sop, sep = tps("verify", out, "--source", model)
+        report(rc == 0 and rcp == 3 and "partial: ranks 2,3 are not written" in sep and not sop,
+               f"families: verify of a --ranks 0-1 directory (vllm tp 4{' --ep' if ep else ''}): one "
+               f"error naming ranks 2,3, exit 3", f"split rc {rc} {se}; verify rc {rcp}\n{sep}{sop}")
+        rc1, so_, se1 = tps(*split_args(model, 4, "vllm", ep, out), "--ranks", "2-3")
+        rc2, so2, se2 = tps("verify", out, "--source", model, "--json")
+        try:
+            rows = json.loads(so2).get("checks") or []
+        except ValueError:
+            rows = []
+        norm = {c.get("kind") for c in rows if c.get("check") == "model.norm.weight"}
+        expert = {c.get("kind") for c in rows
+                  if c.get("check") == "model.layers.0.mlp.experts.0.up_proj.weight"}
         want_expert = "whole" if ep else "reconstruct"
-        report(rc == 0 and norm == "replicated" and expert == want_expert,
-               f"families: verify of a --ranks 0-1 directory (vllm tp 4{' --ep' if ep else ''}): the final "
-               f"norm is replicated, an expert {want_expert}",
-               f"split rc {rc} {se}; verify rc {rc2}: norm {norm!r}, expert {expert!r}\n{se2}")
+        report(rc1 == 0 and rc2 == 0 and "replicated" in norm and want_expert in expert,
+               f"families: verify of --ranks 0-1 and 2-3 joined (vllm tp 4{' --ep' if ep else ''}): the "
+               f"final norm is replicated, an expert {want_expert}",
+               f"split rc {rc1} {se1}; verify rc {rc2}: norm {norm!r}, expert {expert!r}\n{se2}")
         shutil.rmtree(out, ignore_errors=True)
 
 
