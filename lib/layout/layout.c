@@ -105,12 +105,18 @@ static void head_shape(const tps_layout *L, const tps_layers *ly, size_t i, cons
     if (layer != hs->last_layer) hs->layers_seen++, hs->last_layer = layer;
     if (t->shape[d] == want) return;
     const char *type = tps_layers_type(ly, layer);
-    char tb[96] = "", fb[96] = "";
+    char tb[96] = "", fb[224] = "";
     if (type) snprintf(tb, sizeof tb, " (%.80s)", type);
     if (cfrom || from[2])
         snprintf(fb, sizeof fb, " (from %s)", cfrom && from[2] && strcmp(cfrom, from[2])
                                                   ? "per-layer fields"
                                                   : cfrom ? cfrom : from[2]);
+    else if (tps_config_defaulted(ly->config, r->heads) && hd > 0 && t->shape[d] % (uint64_t)hd == 0)
+        snprintf(fb, sizeof fb, " (config.json leaves %s to transformers' default for its "
+                 "model type; the tensor holds %llu heads: add \"%s\": %llu to config.json if "
+                 "that is what the model has)", r->heads,
+                 (unsigned long long)(t->shape[d] / (uint64_t)hd), r->heads,
+                 (unsigned long long)(t->shape[d] / (uint64_t)hd));
     else if (tps_config_defaulted(ly->config, r->heads) || tps_config_defaulted(ly->config, "head_dim"))
         snprintf(fb, sizeof fb, " (config.json leaves %s to transformers' default for its "
                  "model type)", tps_config_defaulted(ly->config, r->heads) ? r->heads : "head_dim");

@@ -259,6 +259,36 @@ def test_kv_default():
                "\n".join(problems) + "\n" + err)
 
 
+def test_kv_default_other_families():
+    """A default that the tensors contradict is refused in every layout, for
+    every family whose plan splits heads (MistralConfig's default is 8 KV
+    heads; a checkpoint holding 2 must say so), and the error says what to
+    add. Without a head-shape check the split went on with 8 in mind: at
+    tp 4 it cut the 2 KV heads in halves and called the result ok."""
+    for fam in ("mistral", "qwen3"):
+        d = os.path.join(TMP, f"{fam}-nokv2")
+        gen.main([fam, d, "--heads", "8", "--kv-heads", "2", "--hidden", "64", "--layers", "1"])
+        cj = os.path.join(d, "config.json")
+        with open(cj) as f:
+            j = json.load(f)
+        del j["num_key_value_heads"]
+        with open(cj, "w") as f:
+            json.dump(j, f)
+        want_kv = transformers.AutoConfig.from_pretrained(d).num_key_value_heads
+        for lay in ("dtensor", "vllm", "sglang"):
+            for tp in (2, 4):
+                out = os.path.join(TMP, f"{fam}-nokv2-{lay}-{tp}")
+                rc, _, err = tps("split", d, "--tp", tp, "--layout", lay, "-o", out, "-q")
+                problems = refusal_problems(rc, err, out, f"num_key_value_heads {want_kv}",
+                                            f"{fam} default")
+                if '"num_key_value_heads": 2' not in err:
+                    problems.append("the error does not say what to add to config.json")
+                report(want_kv != 2 and not problems,
+                       f"{fam} without num_key_value_heads, tensors of 2 KV heads: --layout {lay} "
+                       f"refuses tp {tp} ({want_kv} by default) and says what to add",
+                       "\n".join(problems) + "\n" + err)
+
+
 # ------------------------------------------------------------ 3. num_experts / num_local_experts
 
 def serving_oracle(config, d, lay, tp):
@@ -320,6 +350,7 @@ def test_expert_names():
 test_defaults()
 test_other_names()
 test_kv_default()
+test_kv_default_other_families()
 test_expert_names()
 shutil.rmtree(TMP, ignore_errors=True)
 sys.exit(1 if fails() else 0)
