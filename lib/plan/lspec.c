@@ -311,18 +311,72 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     return TPS_OK;
 }
 
+/* scales: {dtype, per_tensor_shape, refuse, reason}: how the engine wants a
+ * quantized checkpoint's scales written, and the kinds it cannot load. */
+static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
+{
+    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
+    const ynode *qv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 4, qv));
+    if (qv[0]) {
+        if (qv[0]->type != YN_SCALAR || strcmp(qv[0]->s, "F32"))
+            return tps_pl_perr(pc, qv[0]->line, "scales: dtype is F32 (or absent: as stored)");
+        s->scale_f32 = 1;
+    }
+    if (qv[1]) {
+        double d;
+        if (qv[1]->type != YN_SEQ || qv[1]->n != 1 || tps_pl_y_number(qv[1]->kid[0], &d) || d != 1)
+            return tps_pl_perr(pc, qv[1]->line,
+                               "scales: per_tensor_shape is [1] (or absent: as stored)");
+        s->scalar_as_1 = 1;
+    }
+    if (qv[2]) {
+        char **kinds = NULL;
+        size_t nk = 0;
+        TPS_TRY(tps_pl_get_str_list(pc, qv[2], "refuse", NULL, &kinds, &nk));
+        tps_err rc = TPS_OK;
+        for (size_t i = 0; i < nk; i++) {
+            int k = TPS_QS_KINDS;
+            while (k-- > 0 && strcmp(kinds[i], tps_qscale_names[k])) {}
+            if (k >= 0) s->refuse_scales |= 1u << k;
+            else if (!rc) rc = tps_pl_perr(pc, qv[2]->line,
+                                           "scales: refuse lists tensor, channel or block");
+        }
+        tps_pl_strv_free(kinds, nk);
+        TPS_TRY(rc);
+        if (!qv[3]) return tps_pl_perr(pc, qv[2]->line, "scales: refuse needs a 'reason'");
+        TPS_TRY(tps_pl_get_str(pc, qv[3], "reason", &s->refuse_scales_reason));
+    }
+    return TPS_OK;
+}
+
+/* tied: {head, embedding, default_for}: the module paths of a tied head and
+ * embedding, and the model_types whose config ties by default. */
+static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
+{
+    static const char *const tknown[] = {"head", "embedding", "default_for"};
+    const ynode *tv[3];
+    TPS_TRY(tps_pl_map_fields(pc, m, "tied", tknown, 3, tv));
+    if (tv[2]) TPS_TRY(tps_pl_get_str_list(pc, tv[2], "default_for", NULL, &s->tied_default,
+                                           &s->ntied_default));
+    if (!tv[0] || !tv[1]) return tps_pl_perr(pc, m->line, "'tied' needs head and embedding");
+    TPS_TRY(tps_pl_get_str(pc, tv[0], "head", &s->tied_head));
+    TPS_TRY(tps_pl_check_pattern(pc, tv[0]));
+    TPS_TRY(tps_pl_get_str(pc, tv[1], "embedding", &s->tied_embedding));
+    TPS_TRY(tps_pl_check_pattern(pc, tv[1]));
+    return TPS_OK;
+}
+
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
                                         "vocab_padding_tp", "checks", "scales", "experts",
                                         "drop", "keys"};
-    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    static const char *const tknown[] = {"head", "embedding", "default_for"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
            K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_N };
-    const ynode *v[K_N], *sv[2], *tv[3], *qv[4];
+    const ynode *v[K_N], *sv[2];
     if (root->type != YN_MAP)
         return tps_pl_perr(pc, root->line,
                            "a layout must be a mapping with 'name' and 'target', not %s",
@@ -409,50 +463,8 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
             TPS_TRY(parse_lexperts(pc, v[K_EXPERTS]->kid[i], &s->experts[i]));
         }
     }
-    if (v[K_SCALES]) {
-        TPS_TRY(tps_pl_map_fields(pc, v[K_SCALES], "scales", qknown, 4, qv));
-        if (qv[0]) {
-            if (qv[0]->type != YN_SCALAR || strcmp(qv[0]->s, "F32"))
-                return tps_pl_perr(pc, qv[0]->line, "scales: dtype is F32 (or absent: as stored)");
-            s->scale_f32 = 1;
-        }
-        if (qv[1]) {
-            double d;
-            if (qv[1]->type != YN_SEQ || qv[1]->n != 1 ||
-                tps_pl_y_number(qv[1]->kid[0], &d) || d != 1)
-                return tps_pl_perr(pc, qv[1]->line,
-                                   "scales: per_tensor_shape is [1] (or absent: as stored)");
-            s->scalar_as_1 = 1;
-        }
-        if (qv[2]) {
-            char **kinds = NULL;
-            size_t nk = 0;
-            TPS_TRY(tps_pl_get_str_list(pc, qv[2], "refuse", NULL, &kinds, &nk));
-            tps_err rc = TPS_OK;
-            for (size_t i = 0; i < nk; i++) {
-                int k = TPS_QS_KINDS;
-                while (k-- > 0 && strcmp(kinds[i], tps_qscale_names[k])) {}
-                if (k >= 0) s->refuse_scales |= 1u << k;
-                else if (!rc) rc = tps_pl_perr(pc, qv[2]->line,
-                                               "scales: refuse lists tensor, channel or block");
-            }
-            tps_pl_strv_free(kinds, nk);
-            TPS_TRY(rc);
-            if (!qv[3]) return tps_pl_perr(pc, qv[2]->line, "scales: refuse needs a 'reason'");
-            TPS_TRY(tps_pl_get_str(pc, qv[3], "reason", &s->refuse_scales_reason));
-        }
-    }
-    if (v[K_TIED]) {
-        TPS_TRY(tps_pl_map_fields(pc, v[K_TIED], "tied", tknown, 3, tv));
-        if (tv[2]) TPS_TRY(tps_pl_get_str_list(pc, tv[2], "default_for", NULL, &s->tied_default,
-                                               &s->ntied_default));
-        if (!tv[0] || !tv[1]) return tps_pl_perr(pc, v[K_TIED]->line,
-                                                 "'tied' needs head and embedding");
-        TPS_TRY(tps_pl_get_str(pc, tv[0], "head", &s->tied_head));
-        TPS_TRY(tps_pl_check_pattern(pc, tv[0]));
-        TPS_TRY(tps_pl_get_str(pc, tv[1], "embedding", &s->tied_embedding));
-        TPS_TRY(tps_pl_check_pattern(pc, tv[1]));
-    }
+    if (v[K_SCALES]) TPS_TRY(parse_lscales(pc, v[K_SCALES], s));
+    if (v[K_TIED]) TPS_TRY(parse_ltied(pc, v[K_TIED], s));
     if (v[K_OVR] && !tps_pl_y_is_null(v[K_OVR])) {
         if (v[K_OVR]->type != YN_SEQ || v[K_OVR]->n > PLAN_MAX_RULES)
             return tps_pl_perr(pc, v[K_OVR]->line,
