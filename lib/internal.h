@@ -405,7 +405,7 @@ extern size_t tps_split_map_min;
 int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
                     uint64_t *foff);
 
-/* ------------------------------------------------------------------ plan (plan.c) */
+/* ------------------------------------------------------------------ plan (lib/plan/) */
 
 typedef enum { TPS_COND_TRUTHY = 0, TPS_COND_FALSY, TPS_COND_EQUALS, TPS_COND_NOT_EQUALS } tps_cond_op;
 
@@ -494,7 +494,7 @@ tps_err tps_plan_run_checks(tps_ctx *ctx, const tps_plan *p, const cJSON *config
                             tps_check_outcome **out, size_t *n);
 void tps_check_outcomes_free(tps_check_outcome *o, size_t n);
 
-/* ------------------------------------------------------------------ layout files (plan.c) */
+/* ------------------------------------------------------------------ layout files (lib/plan/) */
 
 /* How a serving layout splits a tensor (a plan style says it for DTensor). */
 typedef enum {
