@@ -1,0 +1,598 @@
+/* layout_compile.c - tps_layout_compile: the placements (and the layout
+ * file) made rank tensors of pieces, stage by stage (the driver at the
+ * end): the layout's served checks, the tied head, packed rows, --ep, what
+ * the engine drops, experts, fused groups, everything else, the engine's
+ * acceptance checks, then finish. Also the compile state's helpers every
+ * stage uses (refusals, rank tensors, pieces and regions, splits, config
+ * counts, the layout's split rule for a tensor) and place_simple, which
+ * places one tensor replicated or split along a dim. A stage of its own goes
+ * in its own file (layout_int.h has the map) and one call in the driver. */
+#include "layout_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SHAPE_CHUNK 16384 /* uint64s */
+
+tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int ndim,
+                      const uint64_t *shape, const char *rule, tps_rtensor **out)
+{
+    tps_layout *L = C->L;
+    if (L->nrt == C->cap_rt) {
+        size_t cap = C->cap_rt ? C->cap_rt * 2 : 256;
+        tps_rtensor *n = realloc(L->rt, cap * sizeof *n);
+        if (!n) return nomem(C);
+        L->rt = n;
+        C->cap_rt = cap;
+    }
+    /* Shapes live in chunks that never move: a rank tensor is 70 bytes, not
+     * the 200 a TPS_MAX_DIMS array would make it (151k of them for an MoE at tp 8). */
+    if (L->shape_left < (size_t)ndim) {
+        uint64_t **nc = realloc(L->shape_chunks, (L->nshape_chunks + 1) * sizeof *nc);
+        if (!nc) return nomem(C);
+        L->shape_chunks = nc;
+        nc[L->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t));
+        if (!nc[L->nshape_chunks]) return nomem(C);
+        L->nshape_chunks++;
+        L->shape_left = SHAPE_CHUNK;
+    }
+    uint64_t *sh = L->shape_chunks[L->nshape_chunks - 1] + (SHAPE_CHUNK - L->shape_left);
+    L->shape_left -= (size_t)ndim;
+    memcpy(sh, shape, sizeof(uint64_t) * (size_t)ndim);
+    tps_rtensor *r = &L->rt[L->nrt++];
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    r->rank = rank;
+    r->dtype = dt;
+    r->ndim = ndim;
+    r->shape = sh;
+    int ovf = 0, mis = 0;
+    r->nbytes = tps_nbytes(dt, r->shape, ndim, &ovf, &mis);
+    if (ovf || mis)
+        return tps_fail(C->ctx, TPS_E_SHAPE, "%s: rank %d's tensor '%s' has no whole byte size",
+                        C->ck->path, rank, name);
+    r->piece0 = L->npieces;
+    r->rule = rule;
+    *out = r;
+    return TPS_OK;
+}
+
+tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p)
+{
+    tps_layout *L = C->L;
+    if (L->npieces == L->cap_pieces) {
+        size_t cap = L->cap_pieces ? L->cap_pieces * 2 : 256;
+        tps_lpiece *n = realloc(L->pieces, cap * sizeof *n);
+        if (!n) return nomem(C);
+        L->pieces = n;
+        L->cap_pieces = cap;
+    }
+    p.rank = r->rank;
+    L->pieces[L->npieces++] = p;
+    r->npieces++;
+    return TPS_OK;
+}
+
+/* The region (src, dim, [lo, hi)), made on first use; *fresh says so. */
+static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t hi, size_t *out,
+                         int *fresh)
+{
+    tps_layout *L = C->L;
+    /* The tensor's regions so far, newest first (a chain through `next`).
+     * Empty ones are never shared: an empty shard is nobody's replica. */
+    for (size_t k = hi > lo || dim < 0 ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = C->next[k]) {
+        const tps_region *g = &L->regions[k];
+        if (g->dim == dim && g->lo == lo && g->hi == hi) {
+            *out = k;
+            *fresh = 0;
+            return TPS_OK;
+        }
+    }
+    if (L->nregions == L->cap_regions) {
+        size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
+        tps_region *n = realloc(L->regions, cap * sizeof *n);
+        size_t *nx = realloc(C->next, cap * sizeof *nx);
+        if (nx) C->next = nx;
+        if (!n || !nx) {
+            if (n) L->regions = n;
+            return nomem(C);
+        }
+        L->regions = n;
+        L->cap_regions = cap;
+    }
+    C->next[L->nregions] = C->last[src];
+    C->last[src] = L->nregions;
+    tps_region *g = &L->regions[L->nregions];
+    *g = (tps_region){.src = src, .dim = dim, .lo = lo, .hi = hi};
+    uint64_t outer, row, s, l;
+    tps_region_geom(C->ck, g, &outer, &row, &s, &l);
+    const tps_ctensor *t = &C->ck->t[src];
+    if (dim >= 0) {
+        uint64_t ib = tps_lc_inner_bits(t, dim);
+        if ((lo * ib) % 8 || (hi * ib) % 8)
+            return tps_fail(C->ctx, TPS_E_SHAPE,
+                            "%s: tensor '%s' (%s) cannot be split at tp %d: a shard along dim %d "
+                            "does not start and end on a byte boundary",
+                            C->ck->path, t->name, tps_dtype_name(t->dtype), C->tp, dim);
+    }
+    g->nbytes = outer * l;
+    *out = L->nregions++;
+    *fresh = 1;
+    return TPS_OK;
+}
+
+/* Adds source piece [lo, hi) along dim of src to r at byte at. */
+tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
+                         uint64_t at)
+{
+    size_t g = 0;
+    int fresh = 0;
+    TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
+    if (fresh) C->L->regions[g].primary = C->L->npieces;
+    C->used[src] = 1;
+    /* A widened piece (a scale the engine holds in F32): 4 bytes an element. */
+    uint64_t nb = C->L->regions[g].nbytes;
+    tps_dtype sd = C->ck->t[src].dtype;
+    if (r->dtype != sd) nb = nb / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
+    return tps_lc_add_piece(
+        C, r,
+        (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at, .nbytes = nb, .replica = !fresh});
+}
+
+char *tps_lc_own_name(cstate *C, char *s)
+{
+    tps_layout *L = C->L;
+    if (!s) return NULL;
+    char **n = realloc(L->names, (L->nnames + 1) * sizeof *n);
+    if (!n) {
+        free(s);
+        return NULL;
+    }
+    L->names = n;
+    L->names[L->nnames++] = s;
+    return s;
+}
+
+/* torch.chunk (exact 0) or an even split that must divide (exact 1): rank
+ * r's [lo, lo + len) of n. Returns 0 when an exact split does not divide. */
+static int split_range(uint64_t n, int tp, int r, int exact, uint64_t *lo, uint64_t *len)
+{
+    if (exact) {
+        if (n % (uint64_t)tp) return 0;
+        *len = n / (uint64_t)tp;
+        *lo = (uint64_t)r * *len;
+        return 1;
+    }
+    tps_chunk(n, tp, r, lo, len);
+    return 1;
+}
+
+/* Rank r's rows [lo, lo + len) of a fused part of n rows: on whole heads
+ * (heads > 0; with replicate, fewer heads than ranks each whole on
+ * tp / heads ranks), else split_range. 0 when no such split exists. */
+int tps_lc_part_rows(uint64_t n, uint64_t heads, int replicate, int tp, int r, int exact,
+                     uint64_t *lo, uint64_t *len)
+{
+    if (!heads) return split_range(n, tp, r, exact, lo, len);
+    if (heads % (uint64_t)tp == 0) {
+        *len = n / (uint64_t)tp;
+        *lo = (uint64_t)r * *len;
+        return 1;
+    }
+    if (replicate && heads < (uint64_t)tp && (uint64_t)tp % heads == 0) {
+        *len = n / heads;
+        *lo = (uint64_t)r / ((uint64_t)tp / heads) * *len;
+        return 1;
+    }
+    return 0;
+}
+
+/* "1, 2, 4, 8" of the tp values up to 64 for which ok(n, tp) holds. */
+void tps_lc_works_list(char *buf, size_t len, uint64_t n, uint64_t n2,
+                       int (*ok)(uint64_t, uint64_t, int))
+{
+    size_t o = 0;
+    buf[0] = 0;
+    for (int k = 1; k <= 64 && o < len; k++)
+        if (ok(n, n2, k)) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", k);
+    if (!o) snprintf(buf, len, "none up to 64");
+}
+int tps_lc_ok_divides(uint64_t n, uint64_t unused, int tp)
+{
+    (void)unused;
+    return n % (uint64_t)tp == 0;
+}
+
+/* A config count (top level or text_config), or 0 when absent or not one. */
+uint64_t tps_lc_config_count(const cJSON *config, const char *field, int *present)
+{
+    const cJSON *v = tps_config_get(config, field);
+    *present = v != NULL;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble != floor(v->valuedouble) ||
+        v->valuedouble > 9007199254740992.0)
+        return 0;
+    return (uint64_t)v->valuedouble;
+}
+
+int tps_lc_module_of(const char *name, size_t *mlen)
+{
+    const char *dot = strrchr(name, '.');
+    if (!dot || dot == name) return 0;
+    *mlen = (size_t)(dot - name);
+    return 1;
+}
+
+int tps_lc_matches_any(char **pats, size_t n, const char *name)
+{
+    size_t ml;
+    if (!tps_lc_module_of(name, &ml)) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (tps_module_match(pats[i], name, ml)) return 1;
+    return 0;
+}
+
+/* Is the checkpoint's model_type one of types (none listed: any)? */
+int tps_lc_type_listed(char **types, size_t n, const cJSON *config)
+{
+    if (!n) return 1;
+    const cJSON *mt = tps_config_get(config, "model_type");
+    for (size_t i = 0; i < n; i++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, types[i])) return 1;
+    return 0;
+}
+
+/* Appends to buf, once per field, the setting of config.json that makes
+ * condition c hold ("attention_bias: true"), joined by ", or ". */
+void tps_lc_enable_hint(char *buf, size_t len, const tps_cond *c)
+{
+    size_t o = strlen(buf), fl = strlen(c->field);
+    for (const char *at = buf; (at = strstr(at, c->field)); at += fl)
+        if ((at == buf || at[-1] == ' ') && at[fl] == ':') return;
+    char *v = c->value ? cJSON_PrintUnformatted(c->value) : NULL;
+    const char *val = c->op == TPS_COND_TRUTHY ? "true" : c->op == TPS_COND_FALSY ? "false"
+                                                                                  : v ? v : "?";
+    if (o < len)
+        snprintf(buf + o, len - o, "%s%s%s: %s", o ? ", or " : "",
+                 c->op == TPS_COND_NOT_EQUALS ? "a value of " : "", c->field, val);
+    if (c->op == TPS_COND_NOT_EQUALS && strlen(buf) < len)
+        snprintf(buf + strlen(buf), len - strlen(buf), " changed");
+    free(v);
+}
+
+/* The split a serving layout gives a source tensor; a refusal's reason in
+ * *why. */
+tps_split_kind tps_lc_spec_split(const tps_layout *L, size_t i, const char **why)
+{
+    const tps_lspec *s = L->spec;
+    const tps_ctensor *t = &L->ck->t[i];
+    const char *param = tps_lc_param_of(t->name);
+    size_t ml;
+    if (why) *why = NULL;
+    if (tps_lc_module_of(t->name, &ml))
+        for (size_t k = 0; k < s->nrules; k++) {
+            const tps_lrule *r = &s->rules[k];
+            if (r->param && strcmp(r->param, param)) continue;
+            for (size_t j = 0; j < r->npat; j++) {
+                if (!tps_module_match(r->patterns[j], t->name, ml)) continue;
+                if (r->when && !tps_cond_eval(r->when, L->ck->config)) break;
+                if (r->refuse) {
+                    if (why) *why = r->refuse;
+                    return TPS_SPLIT_REFUSE;
+                }
+                return r->split;
+            }
+        }
+    if (!strcmp(param, "weight") && tps_lc_matches_any(s->vocab, s->nvocab, t->name))
+        return TPS_SPLIT_VOCAB;
+    switch (L->p[i].style) {
+    case TPS_STYLE_COLWISE:
+        return L->p[i].dim == 0 ? TPS_SPLIT_ROWS : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_ROWWISE:
+        return L->p[i].dim == 1 ? TPS_SPLIT_COLUMNS : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_EMBED_ROWWISE:
+        return L->p[i].dim == 0 ? TPS_SPLIT_VOCAB : TPS_SPLIT_REPLICATE;
+    case TPS_STYLE_EMBED_COLWISE:
+        return L->p[i].dim == 1 ? TPS_SPLIT_COLUMNS : TPS_SPLIT_REPLICATE;
+    default: return TPS_SPLIT_REPLICATE;
+    }
+}
+
+/* Places source tensor i, whole or along dim d, under name on every rank:
+ * d -1 replicated; exact/chunk splits; vocab: padded rows of zeros. */
+tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kind k,
+                            const char *rule)
+{
+    tps_layout *L = C->L;
+    const tps_ctensor *t = &C->ck->t[i];
+    int exact = L->spec ? L->spec->exact : 0;
+    int d = k == TPS_SPLIT_ROWS || k == TPS_SPLIT_VOCAB ? 0 : k == TPS_SPLIT_COLUMNS ? 1 : -1;
+    if (d >= t->ndim) {
+        if (L->spec)
+            refuse(C, "%s: tensor '%s' is %d-D, but layout %s splits it along dim %d", C->ck->path,
+                   t->name, t->ndim, L->spec->name, d);
+        else
+            return tps_fail(C->ctx, TPS_E_SHAPE, "%s: tensor '%s' is %d-D but is split along dim %d",
+                            C->ck->path, t->name, t->ndim, d);
+        return TPS_OK;
+    }
+    uint64_t n = d >= 0 ? t->shape[d] : 0, per = 0;
+    char works[300];
+    if (k == TPS_SPLIT_VOCAB && L->spec) {
+        if (!tps_lc_vocab_rows(C, t, n, &per)) return TPS_OK;
+    } else if (d >= 0 && exact && n % (uint64_t)C->tp) {
+        tps_lc_works_list(works, sizeof works, n, 0, tps_lc_ok_divides);
+        refuse(C, "tensor '%s': dim %d of %llu does not divide by tp %d (layout %s splits it "
+                  "evenly; tp values that work: %s)",
+               t->name, d, (unsigned long long)n, C->tp, L->spec->name, works);
+        return TPS_OK;
+    }
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
+        memcpy(shape, t->shape, sizeof shape);
+        tps_rtensor *rt;
+        if (d < 0) {
+            TPS_TRY(tps_lc_new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
+            TPS_TRY(tps_lc_src_piece(C, rt, i, -1, 0, 0, 0));
+            TPS_TRY(tps_lc_place_scales(C, i, r, -1, 0, 0));
+            continue;
+        }
+        if (per) { /* padded vocabulary: real rows, then zeros */
+            lo = (uint64_t)r * per < n ? (uint64_t)r * per : n;
+            len = (uint64_t)(r + 1) * per < n ? (uint64_t)(r + 1) * per - lo : n - lo;
+            shape[0] = per;
+        } else {
+            split_range(n, C->tp, r, exact, &lo, &len);
+            shape[d] = len;
+        }
+        TPS_TRY(tps_lc_new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
+        uint64_t rowb = tps_lc_inner_bits(t, d) / 8;
+        if (len || !per) TPS_TRY(tps_lc_src_piece(C, rt, i, d, lo, lo + len, 0));
+        if (per > len)
+            TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = len * rowb,
+                                                         .nbytes = (per - len) * rowb}));
+        if (L->q && L->q->role[i] == TPS_QR_WEIGHT && per) {
+            refuse(C, "tensor '%s' is quantized, and layout %s pads it as a vocabulary: not "
+                      "supported yet",
+                   t->name, L->spec->name);
+            return TPS_OK;
+        }
+        TPS_TRY(tps_lc_place_scales(C, i, r, d, lo, len));
+        if (C->why[0]) return TPS_OK;
+    }
+    return TPS_OK;
+}
+
+/* ------------------------------------------------------------------ stages */
+
+/* Does layout s serve this checkpoint (its architectures or model types;
+ * none listed: every one)? */
+static int spec_serves(const tps_lspec *s, const cJSON *config)
+{
+    if (!s->narch && !s->nmt) return 1;
+    const cJSON *a = tps_config_get(config, "architectures");
+    for (const cJSON *x = cJSON_IsArray(a) ? a->child : NULL; x; x = x->next)
+        for (size_t i = 0; i < s->narch; i++)
+            if (cJSON_IsString(x) && !strcmp(x->valuestring, s->architectures[i])) return 1;
+    const cJSON *mt = tps_config_get(config, "model_type");
+    for (size_t i = 0; i < s->nmt; i++)
+        if (cJSON_IsString(mt) && !strcmp(mt->valuestring, s->model_types[i])) return 1;
+    return 0;
+}
+
+/* Is the checkpoint's architecture (or model type) one the layout covers? */
+static tps_err check_architecture(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    const tps_ckpt *ck = C->ck;
+    char detail[512];
+    if (!spec_serves(s, ck->config)) {
+        const cJSON *a = tps_config_get(ck->config, "architectures");
+        char *as = a ? cJSON_PrintUnformatted(a) : NULL;
+        size_t o = (size_t)snprintf(detail, sizeof detail, "layout %s covers ", s->name);
+        for (size_t i = 0; i < s->narch && o < sizeof detail; i++)
+            o += (size_t)snprintf(detail + o, sizeof detail - o, "%s%s", i ? ", " : "",
+                                  s->architectures[i]);
+        if (o < sizeof detail)
+            snprintf(detail + o, sizeof detail - o, "; this checkpoint's architectures are %s",
+                     as ? as : ck->config ? "not given" : "unknown (no config.json)");
+        free(as);
+        TPS_TRY(tps_lc_add_check(C, "architecture served", 0, detail));
+        refuse(C, "%s", detail);
+        return TPS_OK;
+    }
+    return tps_lc_add_check(C, "architecture served", 1, "yes");
+}
+
+/* Scales of a kind the layout cannot write (its refuse_scales). */
+static tps_err check_quant_served(cstate *C)
+{
+    const tps_layout *L = C->L;
+    const tps_lspec *s = L->spec;
+    const tps_ckpt *ck = C->ck;
+    char detail[512];
+    if (L->q && s->refuse_scales) {
+        for (size_t i = 0; i < ck->n; i++)
+            if (L->q->role[i] == TPS_QR_SCALE && (s->refuse_scales >> L->q->kind[i] & 1u)) {
+                snprintf(detail, sizeof detail,
+                         "%s checkpoints with %s FP8 scales ('%s'): layout %s cannot write "
+                         "them: %s",
+                         L->q->method_name, tps_qscale_labels[L->q->kind[i]], ck->t[i].name, s->name,
+                         s->refuse_scales_reason);
+                TPS_TRY(tps_lc_add_check(C, "quantization served", 0, detail));
+                refuse(C, "%s", detail);
+                return TPS_OK;
+            }
+    }
+    return TPS_OK;
+}
+
+/* The layout file's checks (reject_if, quotient), each an outcome plan shows. */
+static tps_err run_layout_checks(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    const tps_ckpt *ck = C->ck;
+    char detail[512];
+    for (size_t k = 0; k < s->nchecks; k++) {
+        const tps_lcheck *c = &s->checks[k];
+        if (c->when && !tps_cond_eval(c->when, ck->config)) continue;
+        int bad = 0;
+        if (c->is_quotient) {
+            int pf, pn, pd;
+            uint64_t f = tps_lc_config_count(ck->config, c->field, &pf);
+            uint64_t a = tps_lc_config_count(ck->config, c->num, &pn);
+            uint64_t b = tps_lc_config_count(ck->config, c->den, &pd);
+            if (pf && a && b && f != a / b) {
+                snprintf(detail, sizeof detail, "%s = %llu, but %s / %s = %llu: %s", c->field,
+                         (unsigned long long)f, c->num, c->den, (unsigned long long)(a / b),
+                         c->reason);
+                bad = 1;
+            }
+        } else if (tps_cond_eval(&c->cond, ck->config)) {
+            snprintf(detail, sizeof detail, "%s", c->reason);
+            bad = 1;
+        }
+        TPS_TRY(tps_lc_add_check(C, c->name, !bad, bad ? detail : "yes"));
+        if (bad) {
+            refuse(C, "%s", detail);
+            return TPS_OK;
+        }
+    }
+    return TPS_OK;
+}
+
+/* Every tensor no stage before placed, as the plan (DTensor) or the
+ * layout's rules say; emb (the embedding a tied head is written from, or
+ * -1) as the head. Scales go with their weights. */
+static tps_err place_rest(cstate *C, int emb)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const tps_lspec *s = L->spec;
+    for (size_t i = 0; i < ck->n && !C->why[0]; i++) {
+        if (C->used[i] || (L->q && (L->q->role[i] == TPS_QR_SCALE ||
+                                   L->q->role[i] == TPS_QR_INPUT_SCALE)))
+            continue;
+        const tps_ctensor *t = &ck->t[i];
+        if (!s) {
+            int d = L->p[i].dim;
+            TPS_TRY(tps_lc_place_simple(C, i, t->name,
+                                          d < 0 ? TPS_SPLIT_REPLICATE : d == 0 ? TPS_SPLIT_ROWS
+                                                                                : TPS_SPLIT_COLUMNS,
+                                          L->p[i].rule));
+            continue;
+        }
+        const char *name = t->name;
+        if ((int)i == emb) {
+            name = tps_lc_own_name(C, tps_asprintf("%s.weight", s->tied_head));
+            if (!name) return nomem(C);
+        }
+        const char *why = NULL;
+        tps_split_kind sk = tps_lc_spec_split(L, i, &why);
+        if (sk == TPS_SPLIT_REFUSE) {
+            refuse(C, "tensor '%s': %s (layout %s)", t->name, why, s->name);
+            break;
+        }
+        if (tps_lc_unkeyed(C, i, emb)) break;
+        TPS_TRY(tps_lc_place_simple(C, i, name, sk, L->p[i].rule));
+    }
+    return TPS_OK;
+}
+
+/* The engine's own acceptance rules (heads per rank, even splits), as
+ * outcomes plan shows. */
+static tps_err acceptance_checks(cstate *C)
+{
+    const tps_layout *L = C->L;
+    const tps_lspec *s = L->spec;
+    const tps_ckpt *ck = C->ck;
+    for (size_t fi = 0; fi < s->nfuse; fi++)
+        for (size_t j = 0; j < s->fuse[fi].nparts; j++) {
+            const tps_lpart *p = &s->fuse[fi].parts[j];
+            int present, dup = 0;
+            if (!p->heads) continue;
+            for (size_t a = 0; a < fi && !dup; a++)
+                for (size_t b = 0; b < s->fuse[a].nparts; b++)
+                    dup |= s->fuse[a].parts[b].heads && !strcmp(s->fuse[a].parts[b].heads, p->heads);
+            for (size_t b = 0; b < j; b++)
+                dup |= s->fuse[fi].parts[b].heads && !strcmp(s->fuse[fi].parts[b].heads, p->heads);
+            if (dup) continue;
+            uint64_t h = tps_lc_config_count(ck->config, p->heads, &present);
+            if (!h) continue;
+            char nm[128], d[256];
+            snprintf(nm, sizeof nm, p->replicate ? "%s %% tp == 0 or tp %% %s == 0" : "%s %% tp == 0",
+                     p->heads, p->heads);
+            if (h % (uint64_t)L->tp == 0)
+                snprintf(d, sizeof d, "%s = %llu: %llu per rank at tp %d", p->heads,
+                         (unsigned long long)h, (unsigned long long)(h / (uint64_t)L->tp), L->tp);
+            else
+                snprintf(d, sizeof d, "%s = %llu: each of them whole on %llu ranks at tp %d",
+                         p->heads, (unsigned long long)h,
+                         (unsigned long long)((uint64_t)L->tp / h), L->tp);
+            TPS_TRY(tps_lc_add_check(C, nm, 1, d));
+        }
+    return tps_lc_add_check(C,
+                            s->exact ? "every split divides evenly" : "splits follow torch.chunk",
+                            1, s->exact ? "yes" : "uneven shards allowed");
+}
+
+/* ------------------------------------------------------------------ the driver */
+
+/* The stages in order. Each places what it owns and marks it used, or
+ * refuses (C.why): the first refusal ends the compile, as L->rejected. */
+tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
+{
+    const tps_ckpt *ck = L->ck;
+    const tps_lspec *s = L->spec;
+    cstate C = {.ctx = ctx, .L = L, .ck = ck, .tp = L->tp};
+    tps_err rc = TPS_OK;
+    C.used = tps_xcalloc(ck->n ? ck->n : 1, 1);
+    C.last = tps_xmalloc((ck->n ? ck->n : 1) * sizeof *C.last);
+    if (!C.used || !C.last) {
+        free(C.used);
+        free(C.last);
+        return nomem(&C);
+    }
+    for (size_t i = 0; i < ck->n; i++) C.last[i] = SIZE_MAX;
+    if (L->rejected) goto out; /* the plan said no: nothing to lay out */
+    if (s) {
+        TPS_CHECK(check_architecture(&C));
+        if (C.why[0]) goto out;
+        TPS_CHECK(check_quant_served(&C));
+        if (C.why[0]) goto out;
+        TPS_CHECK(run_layout_checks(&C));
+        if (C.why[0]) goto out;
+    }
+    /* The tied head: a checkpoint without one writes it from the embedding. */
+    int emb = -1;
+    TPS_CHECK(tps_lc_tied_head(&C, &emb));
+    if (C.why[0]) goto out;
+    /* packed tensors must hold the rows their config says (any layout) */
+    if (!tps_lc_packed_fit(&C)) goto out;
+    if (!tps_lc_ep_served(&C)) goto out;
+    /* what the engine's load_weights skips: no rank file holds it */
+    TPS_CHECK(tps_lc_drop(&C));
+    if (s) {
+        TPS_CHECK(tps_lc_compile_experts(&C));
+        if (C.why[0]) goto out;
+        TPS_CHECK(tps_lc_compile_fused(&C));
+        if (C.why[0]) goto out;
+    }
+    TPS_CHECK(place_rest(&C, emb));
+    if (s && !C.why[0]) TPS_CHECK(acceptance_checks(&C));
+out:
+    if (!rc && C.why[0]) {
+        int shown = 0;
+        for (size_t k = 0; k < L->nchecks; k++) shown |= L->checks[k].ok == 0;
+        /* plan's checks list shows why, as it does a check's refusal */
+        if (!shown) tps_lc_add_check(&C, s ? "layout rules" : "plan rules", 0, C.why);
+        free(L->rejected);
+        L->rejected = tps_strdup(C.why);
+        if (!L->rejected) rc = nomem(&C);
+    }
+    if (!rc && !L->rejected) rc = tps_lc_finish(&C);
+    free(C.used);
+    free(C.last);
+    free(C.next);
+    return rc;
+}

@@ -1,0 +1,331 @@
+/* layout_experts.c - experts: a layout file's experts entries stack a
+ * module's <module>.<e>.<part>.weight into the engine's 3-D parameters
+ * (w13 / w2 stacks, rows or columns), each expert's rows split over the
+ * ranks, or with --ep every expert whole on one rank; the router renamed
+ * and replicated. A new expert format (another naming, another stacking) is
+ * read here. */
+#include "layout_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* Tensor i as <module>.<e>.<leaf>.<param> with module matching x: 1 and the
+ * module's length, e, and the leaf's span. */
+static int expert_name(const tps_lexperts *x, const char *nm, size_t *mlen, uint64_t *e,
+                       const char **leaf, size_t *leaflen)
+{
+    size_t ml;
+    if (!tps_lc_module_of(nm, &ml)) return 0;
+    const char *dl = memrchr(nm, '.', ml); /* before <leaf> */
+    if (!dl) return 0;
+    const char *de = memrchr(nm, '.', (size_t)(dl - nm)); /* before <e> */
+    if (!de || de + 1 == dl || dl - de > 8) return 0;
+    uint64_t v = 0;
+    for (const char *c = de + 1; c < dl; c++) {
+        if (*c < '0' || *c > '9') return 0;
+        v = v * 10 + (uint64_t)(*c - '0');
+    }
+    size_t pl = (size_t)(de - nm);
+    int hit = 0;
+    for (size_t k = 0; k < x->npat && !hit; k++) hit = tps_module_match(x->patterns[k], nm, pl);
+    if (!hit) return 0;
+    *mlen = pl;
+    *e = v;
+    *leaf = dl + 1;
+    *leaflen = ml - (size_t)(dl + 1 - nm);
+    return 1;
+}
+
+/* Every tensor under the module must be a stacked expert weight (of an
+ * expert below E, plain, of a part the layout knows): 0 and a refusal when
+ * one is not. */
+static int expert_tensors_ok(cstate *C, const tps_lexperts *x, const char *module, size_t a,
+                             size_t b, uint64_t E)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const char *lname = L->spec->name;
+    for (size_t i = a; i < b; i++) {
+        const char *nm = ck->t[i].name, *leaf;
+        size_t ml, ll;
+        uint64_t e;
+        if (!expert_name(x, nm, &ml, &e, &leaf, &ll) || ml != strlen(module)) {
+            refuse(C, "tensor '%s' lies under '%s', which layout %s stacks as experts "
+                      "<e>.<module>.weight: it is not one",
+                   nm, module, lname);
+            return 0;
+        }
+        if (e >= E) {
+            refuse(C, "tensor '%s' is expert %llu, but config.json says %s = %llu", nm,
+                   (unsigned long long)e, x->count, (unsigned long long)E);
+            return 0;
+        }
+        if (L->q && L->q->role[i] != TPS_QR_PLAIN) {
+            refuse(C, "tensor '%s' is a quantized expert: layout %s does not stack quantized "
+                      "experts yet",
+                   nm, lname);
+            return 0;
+        }
+        if (strcmp(tps_lc_param_of(nm), "weight")) {
+            refuse(C, "tensor '%s': layout %s stacks expert weights; the engine has no place "
+                      "for an expert's %s",
+                   nm, lname, tps_lc_param_of(nm));
+            return 0;
+        }
+        int known = 0;
+        for (size_t s = 0; s < x->nstacks && !known; s++)
+            for (size_t j = 0; j < x->stacks[s].nparts && !known; j++)
+                known = strlen(x->stacks[s].parts[j]) == ll && !memcmp(x->stacks[s].parts[j], leaf, ll);
+        if (!known) {
+            refuse(C, "tensor '%s': layout %s does not know expert module '%.*s'", nm, lname,
+                   (int)ll, leaf);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Each expert's parts, with one shape: rows stacks [I, H], columns [H, I].
+ * idx[e * nidx + k] is expert e's part k (the stacks' parts in order); the
+ * shape in *I_out, *H_out, the first part in *t0_out. A refusal in C->why
+ * for a part missing or of another shape. */
+static tps_err expert_parts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
+                            size_t nidx, size_t *idx, uint64_t *I_out, uint64_t *H_out,
+                            const tps_ctensor **t0_out)
+{
+    const tps_ckpt *ck = C->ck;
+    const char *lname = C->L->spec->name;
+    uint64_t I = 0, H = 0;
+    const tps_ctensor *t0 = NULL;
+    for (uint64_t e = 0; e < E && !C->why[0]; e++) {
+        size_t k = 0;
+        for (size_t s = 0; s < x->nstacks && !C->why[0]; s++)
+            for (size_t j = 0; j < x->stacks[s].nparts && !C->why[0]; j++, k++) {
+                char *want = tps_asprintf("%s.%llu.%s.weight", module, (unsigned long long)e,
+                                          x->stacks[s].parts[j]);
+                if (!want) return nomem(C);
+                int w = tps_ckpt_find(ck, want);
+                if (w < 0) {
+                    refuse(C, "config.json says %s = %llu, but the checkpoint lacks '%s'",
+                           x->count, (unsigned long long)E, want);
+                    free(want);
+                    break;
+                }
+                free(want);
+                const tps_ctensor *t = &ck->t[w];
+                int d = x->stacks[s].dim;
+                if (!t0) {
+                    t0 = t;
+                    I = t->ndim == 2 ? t->shape[d] : 0;
+                    H = t->ndim == 2 ? t->shape[1 - d] : 0;
+                }
+                if (t->ndim != 2 || t->dtype != t0->dtype || t->shape[d] != I ||
+                    t->shape[1 - d] != H) {
+                    refuse(C, "expert tensor '%s' (%s, %d-D) does not match '%s' (%s, [%llu, "
+                              "%llu] with its rows or columns the expert's intermediate size "
+                              "%llu): layout %s stacks experts of one shape",
+                           t->name, tps_dtype_name(t->dtype), t->ndim, t0->name,
+                           tps_dtype_name(t0->dtype), (unsigned long long)t0->shape[0],
+                           t0->ndim == 2 ? (unsigned long long)t0->shape[1] : 0ULL,
+                           (unsigned long long)I, lname);
+                    break;
+                }
+                idx[e * nidx + k] = (size_t)w;
+            }
+    }
+    *I_out = I;
+    *H_out = H;
+    *t0_out = t0;
+    return TPS_OK;
+}
+
+/* The experts' sizes against config.json and tp: the intermediate size I
+ * (x->rows), and with --ep whole experts per rank, else every expert's rows
+ * split evenly. 0 and a refusal when they do not fit. */
+static int expert_sizes_ok(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
+                           uint64_t I)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const char *lname = L->spec->name;
+    uint64_t tp = (uint64_t)C->tp;
+    int present;
+    if (x->rows) {
+        uint64_t want = tps_lc_config_count(ck->config, x->rows, &present);
+        if (present && want != I) {
+            refuse(C, "%s = %llu in config.json, but the experts of '%s' have %llu", x->rows,
+                   (unsigned long long)want, module, (unsigned long long)I);
+            return 0;
+        }
+    }
+    const char *rows_name = x->rows ? x->rows : "the expert intermediate size";
+    if (L->ep) {
+        if (E % tp) {
+            char works[300];
+            tps_lc_works_list(works, sizeof works, E, 0, tps_lc_ok_divides);
+            refuse(C, "%s = %llu is not divisible by the EP size %d (with --ep each rank holds the "
+                      "same number of whole experts; tp values that work: %s)",
+                   x->count, (unsigned long long)E, C->tp, works);
+            return 0;
+        }
+    } else {
+        if (tp > E) {
+            refuse(C, "%s = %llu < tp %d: the engine refuses more ranks than experts (split with "
+                      "--ep, or a smaller tp)",
+                   x->count, (unsigned long long)E, C->tp);
+            return 0;
+        }
+        if (I % tp) {
+            char works[300];
+            tps_lc_works_list(works, sizeof works, I, 0, tps_lc_ok_divides);
+            refuse(C, "%s = %llu is not divisible by tp %d (layout %s splits every expert's rows "
+                      "evenly; tp values that work: %s; or split with --ep)",
+                   rows_name, (unsigned long long)I, C->tp, lname, works);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The stacks on every rank r: with --ep experts [r * E / tp, (r + 1) * E /
+ * tp) whole, else every expert's rows (or columns) of rank r. */
+static tps_err stack_experts(cstate *C, const tps_lexperts *x, const char *module,
+                             const size_t *idx, size_t nidx, uint64_t E, uint64_t I, uint64_t H,
+                             const tps_ctensor *t0)
+{
+    tps_layout *L = C->L;
+    uint64_t tp = (uint64_t)C->tp;
+    uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
+    uint64_t es = tps_dtype_bits(t0->dtype) / 8;
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t e0 = L->ep ? (uint64_t)r * Er : 0;
+        size_t k0 = 0;
+        for (size_t s = 0; s < x->nstacks; s++) {
+            const tps_lstack *st = &x->stacks[s];
+            char *name =
+                tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%s", module, x->into, st->name)
+                                           : tps_asprintf("%s.%s", module, st->name));
+            if (!name) return nomem(C);
+            uint64_t shape[TPS_MAX_DIMS] = {Er, st->dim ? H : st->nparts * Ir, st->dim ? Ir : H};
+            tps_rtensor *rt;
+            TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, 3, shape, "experts", &rt));
+            uint64_t lo = L->ep ? 0 : (uint64_t)r * Ir, hi = L->ep ? 0 : lo + Ir;
+            for (uint64_t k = 0; k < Er; k++)
+                for (size_t j = 0; j < st->nparts; j++) {
+                    size_t w = idx[(e0 + k) * nidx + k0 + j];
+                    uint64_t at = (k * st->nparts + j) * Ir * H * es;
+                    TPS_TRY(tps_lc_src_piece(C, rt, w, L->ep ? -1 : st->dim, lo, hi, at));
+                }
+            k0 += st->nparts;
+        }
+    }
+    return TPS_OK;
+}
+
+/* One experts module (tensors [a, b) of the checkpoint, all named
+ * <module>.*): its stacks on every rank, and its router. */
+static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *module, size_t a,
+                             size_t b)
+{
+    const tps_ckpt *ck = C->ck;
+    const char *lname = C->L->spec->name;
+    int present;
+    uint64_t E = tps_lc_config_count(ck->config, x->count, &present);
+    if (!E) {
+        char *why = present ? NULL : tps_config_lacks(x->count);
+        refuse(C, "layout %s stacks the experts of '%s', but config.json %s%s", lname, module,
+               present ? "has no usable count in " : "", present ? x->count : why ? why : "lacks it");
+        free(why);
+        return TPS_OK;
+    }
+    if (E > 65536) {
+        refuse(C, "%s = %llu experts: more than tpshard handles (65536)", x->count,
+               (unsigned long long)E);
+        return TPS_OK;
+    }
+    if (!expert_tensors_ok(C, x, module, a, b, E)) return TPS_OK;
+    /* Each expert's parts, with one shape: rows stacks [I, H], columns [H, I]. */
+    size_t nidx = 0;
+    for (size_t s = 0; s < x->nstacks; s++) nidx += x->stacks[s].nparts;
+    size_t *idx = tps_xcalloc((size_t)E * nidx, sizeof *idx);
+    if (!idx) return nomem(C);
+    uint64_t I = 0, H = 0;
+    const tps_ctensor *t0 = NULL;
+    tps_err rc = expert_parts(C, x, module, E, nidx, idx, &I, &H, &t0);
+    if (!rc && !C->why[0] && expert_sizes_ok(C, x, module, E, I))
+        rc = stack_experts(C, x, module, idx, nidx, E, I, H, t0);
+    free(idx);
+    return rc;
+}
+
+/* Stacks the experts of every module the layout's experts entries match;
+ * the routers they rename. */
+tps_err tps_lc_compile_experts(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    const tps_ckpt *ck = C->ck;
+    int any = 0;
+    for (size_t xi = 0; xi < s->nexperts && !C->why[0]; xi++) {
+        const tps_lexperts *x = &s->experts[xi];
+        for (size_t i = 0; i < ck->n && !C->why[0];) {
+            size_t ml, ll;
+            uint64_t e;
+            const char *leaf;
+            if (C->used[i] || !expert_name(x, ck->t[i].name, &ml, &e, &leaf, &ll)) {
+                i++;
+                continue;
+            }
+            /* names sort: every tensor under <module>. follows */
+            size_t b = i + 1;
+            while (b < ck->n && !strncmp(ck->t[b].name, ck->t[i].name, ml + 1)) b++;
+            char *module = tps_xmalloc(ml + 1);
+            if (!module) return nomem(C);
+            memcpy(module, ck->t[i].name, ml);
+            module[ml] = 0;
+            any = 1;
+            tps_err rc = place_experts(C, x, module, i, b);
+            if (!rc && !C->why[0] && x->router) {
+                const char *dot = strrchr(module, '.');
+                size_t pl = dot ? (size_t)(dot - module) : 0;
+                char *rn = tps_asprintf("%.*s%s%s.weight", (int)pl, module, pl ? "." : "", x->router);
+                char *as = tps_asprintf("%.*s%s%s.weight", (int)pl, module, pl ? "." : "", x->router_as);
+                int ri = rn ? tps_ckpt_find(ck, rn) : -1;
+                if (!rn || !as) {
+                    rc = nomem(C);
+                } else if (ri < 0) {
+                    refuse(C, "layout %s stacks the experts of '%s', but the checkpoint lacks their "
+                              "router '%s'",
+                           s->name, module, rn);
+                } else if (!C->used[ri]) {
+                    char *owned = tps_lc_own_name(C, as);
+                    as = NULL;
+                    rc = owned ? tps_lc_place_simple(C, (size_t)ri, owned, TPS_SPLIT_REPLICATE,
+                                                     "router")
+                               : nomem(C);
+                }
+                free(rn);
+                free(as);
+            }
+            free(module);
+            TPS_TRY(rc);
+            i = b;
+        }
+    }
+    if (C->L->ep && !any && !C->why[0])
+        refuse(C, "--ep holds every expert whole on one rank, but layout %s finds no experts in "
+                  "this checkpoint",
+               s->name);
+    return TPS_OK;
+}
+
+/* --ep holds experts whole, which only the serving layouts do: 0 and a
+ * refusal for the DTensor layout. */
+int tps_lc_ep_served(cstate *C)
+{
+    if (C->L->ep && !C->L->spec) {
+        refuse(C, "--ep (expert parallelism) is for the serving layouts (--layout vllm or "
+                  "sglang); the DTensor layout splits experts as the plan says");
+        return 0;
+    }
+    return 1;
+}

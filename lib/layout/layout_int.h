@@ -1,0 +1,136 @@
+/* layout_int.h - what the files of lib/layout/ share: the compile state
+ * (cstate) every stage of tps_layout_compile works on, and the helpers the
+ * stages call. Private to lib/layout/; the compiled layout itself
+ * (tps_layout, tps_rtensor, tps_lpiece, tps_region) is in lib/internal.h.
+ *
+ * Where things are:
+ *   layout.c          the IR and its queries: alloc/free, placements by the
+ *                     plan and its checks, the built-in layout files, regions'
+ *                     geometry, the views
+ *   layout_compile.c  tps_layout_compile, the driver: its stages in order;
+ *                     the state's helpers (refusals, rank tensors, pieces,
+ *                     regions, splits, config counts), the layout's served and
+ *                     acceptance checks, place_simple (one tensor, any split)
+ *   layout_fuse.c     fused projections (q/k/v, gate/up), packed sections
+ *                     (Phi-3's qkv_proj), when a fused module has a bias
+ *   layout_experts.c  experts stacked per module, their routers, --ep
+ *   layout_scales.c   quantization scales: following their weight's split,
+ *                     fused with it, widened to F32
+ *   layout_vocab.c    the padded vocabulary, the tied head, the engine's extra
+ *                     entries, the engine's key set (keys, drop)
+ *   layout_finish.c   finishing: regions and rank tensors sorted, every source
+ *                     tensor's pieces indexed; the checks list (add_check)
+ * A quantization method: its table entry is in lib/quant/; how its scales
+ * follow a split goes in layout_scales.c. An expert format: a layout file's
+ * experts entry, read by layout_experts.c. A family: a plan and a layout file
+ * (plans/), code only for a construct no stage has yet. */
+#ifndef TPS_LAYOUT_INT_H
+#define TPS_LAYOUT_INT_H
+
+#include "internal.h"
+
+/* One tps_layout_compile: the layout being filled, and what the stages
+ * share while they fill it. */
+typedef struct {
+    tps_ctx *ctx;
+    tps_layout *L;
+    const tps_ckpt *ck;
+    int tp;
+    size_t cap_rt;
+    unsigned char *used; /* per source tensor: placed */
+    size_t *last, *next; /* per source tensor its newest region; per region the one before */
+    char why[1024];      /* the first refusal */
+} cstate;
+
+/* layout.c */
+const char *tps_lc_param_of(const char *name); /* "weight" of "a.b.weight" */
+/* Bits of one step along dim d (the product of the dims after it). */
+uint64_t tps_lc_inner_bits(const tps_ctensor *t, int d);
+
+/* Every stage refuses this way (what the layout cannot do for this
+ * checkpoint): the first refusal's reason goes to C->why, and
+ * tps_layout_compile records it as L->rejected and stops. Returns 1. Static
+ * inline, like nomem, so that the stages' calls read as they always have. */
+static inline int refuse(cstate *C, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static inline int refuse(cstate *C, const char *fmt, ...)
+{
+    if (!C->why[0]) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(C->why, sizeof C->why, fmt, ap);
+        va_end(ap);
+    }
+    return 1;
+}
+
+static inline tps_err nomem(cstate *C)
+{
+    return tps_fail(C->ctx, TPS_E_NOMEM, "out of memory");
+}
+
+/* layout_compile.c: the compile state's helpers */
+/* A new rank tensor (its shape copied, no pieces yet). */
+tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int ndim,
+                      const uint64_t *shape, const char *rule, tps_rtensor **out);
+tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p);
+/* Adds source piece [lo, hi) along dim of src to r at byte at. */
+tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                         uint64_t hi, uint64_t at);
+/* Keeps made-up name s with the layout (NULL, s freed, on failure). */
+char *tps_lc_own_name(cstate *C, char *s);
+/* Rank r's rows of a fused part of n rows: on whole heads, or evenly. */
+int tps_lc_part_rows(uint64_t n, uint64_t heads, int replicate, int tp, int r, int exact,
+                     uint64_t *lo, uint64_t *len);
+/* "1, 2, 4, 8" of the tp values up to 64 for which ok(n, n2, tp) holds. */
+void tps_lc_works_list(char *buf, size_t len, uint64_t n, uint64_t n2,
+                       int (*ok)(uint64_t, uint64_t, int));
+int tps_lc_ok_divides(uint64_t n, uint64_t unused, int tp);
+/* A config count (top level or text_config), or 0 when absent or not one. */
+uint64_t tps_lc_config_count(const cJSON *config, const char *field, int *present);
+int tps_lc_module_of(const char *name, size_t *mlen);
+int tps_lc_matches_any(char **pats, size_t n, const char *name);
+/* Is the checkpoint's model_type one of types (none listed: any)? */
+int tps_lc_type_listed(char **types, size_t n, const cJSON *config);
+/* Appends the config.json setting that makes condition c hold to buf. */
+void tps_lc_enable_hint(char *buf, size_t len, const tps_cond *c);
+/* The split a serving layout gives source tensor i; a refusal's reason in *why. */
+tps_split_kind tps_lc_spec_split(const tps_layout *L, size_t i, const char **why);
+/* Source tensor i under name on every rank, split as k says. */
+tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kind k,
+                            const char *rule);
+
+/* layout_fuse.c */
+/* Packed tensors hold the rows their config says: 0 and a refusal if not. */
+int tps_lc_packed_fit(cstate *C);
+tps_err tps_lc_compile_fused(cstate *C);
+
+/* layout_experts.c */
+int tps_lc_ep_served(cstate *C); /* --ep: 0 and a refusal for the DTensor layout */
+tps_err tps_lc_compile_experts(cstate *C);
+
+/* layout_scales.c */
+/* Weight w's scale (and input scale) on rank r, following its [lo, lo + len) along d. */
+tps_err tps_lc_place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len);
+/* A fused group's scales on rank r, in the parts' order. */
+tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f, const size_t *idx, int r,
+                                  const uint64_t *lo, const uint64_t *len,
+                                  const uint64_t *heads, const uint64_t *nrows_of,
+                                  const char *scale_name, const char *input_name);
+
+/* layout_vocab.c */
+/* Rows per rank of a padded vocabulary of n rows: 0 and a refusal when an
+ * even split does not divide. */
+int tps_lc_vocab_rows(cstate *C, const tps_ctensor *t, uint64_t n, uint64_t *per);
+/* The tied head: *emb the embedding it is written from, or -1. */
+tps_err tps_lc_tied_head(cstate *C, int *emb);
+/* The engine's own entries beside fused module parent. */
+tps_err tps_lc_place_extras(cstate *C, const tps_lfuse *f, const char *parent);
+tps_err tps_lc_drop(cstate *C); /* what the engine's load_weights skips */
+/* 1 and a refusal when the engine's key set lacks source tensor i. */
+int tps_lc_unkeyed(cstate *C, size_t i, int emb);
+
+/* layout_finish.c */
+tps_err tps_lc_add_check(cstate *C, const char *name, int ok, const char *detail);
+tps_err tps_lc_finish(cstate *C);
+
+#endif
