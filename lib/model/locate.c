@@ -163,14 +163,11 @@ tps_err tps_model_locate(tps_ctx *ctx, const char *arg, char **path, char **repo
     int e = errno;
     TPS_FAIL_IF(e != ENOENT || !is_repo_id(arg), ctx, TPS_E_IO, "%s: %s", arg, strerror(e));
     root = hub_root();
-    folder = root ? tps_asprintf("%s/models--%s", root, arg) : NULL;
-    for (char *c = folder ? folder + strlen(root) + 9 : NULL; c && *c; c++)
-        if (*c == '/') {
-            /* org/name -> org--name */
-            memmove(c + 2, c + 1, strlen(c + 1) + 1);
-            c[0] = c[1] = '-';
-            break;
-        }
+    /* org/name -> models--org--name */
+    const char *slash = strchr(arg, '/');
+    folder = !root ? NULL
+             : slash ? tps_asprintf("%s/models--%.*s--%s", root, (int)(slash - arg), arg, slash + 1)
+                     : tps_asprintf("%s/models--%s", root, arg);
     if (folder && tps_is_dir(folder)) {
         *repo = repo_name_of(strrchr(folder, '/') + 1);
         TPS_FAIL_IF(!*repo, ctx, TPS_E_NOMEM, "out of memory");
