@@ -3,7 +3,7 @@
  * A split holds DIR/.tpshard.writing from before it looks at the directory
  * until its manifest is in place: a plain split exclusively, the --ranks
  * runs of one split shared (they add to one manifest under .tpshard.lock,
- * see split.c). A split that cannot get it is refused at once, naming the
+ * see join.c). A split that cannot get it is refused at once, naming the
  * holder, rather than two splits interleaving their renames and manifests
  * (one of them could exit 0 with the other's files and no manifest).
  *

@@ -3,12 +3,14 @@
  *
  * The whole output is laid out before the first byte is written, so every
  * (tensor, rank) slot has a known file and offset; work is then a flat list
- * of tasks that any thread can run with pread/pwrite, and CRC32s of the
- * pieces a tensor was cut into are joined with crc32_combine. */
+ * of tasks that any thread can run with pread/pwrite (or from a mapping of
+ * the source), and CRC32s of the pieces a tensor was cut into are joined
+ * with crc32_combine. This file owns the layout of the rank files, the
+ * tasks, reading, writing and CRCs, and tps_split's phases; the manifest is
+ * manifest.c's, the output directory and --ranks joining join.c's. */
 #include "internal.h"
-#include "model/provenance.h"
+#include "split_int.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -16,9 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/file.h>
 #include <sys/mman.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -33,71 +33,6 @@ size_t tps_split_map_min = 256u << 10;
 #ifndef MAP_POPULATE
 #define MAP_POPULATE 0 /* not Linux: the pages fault in as they are read */
 #endif
-
-typedef struct {
-    int rank, part;
-    char *final, *tmp;
-    int fd;
-    int nparts;      /* of its rank */
-    size_t hdr_len;
-    uint32_t hdr_crc; /* of the hdr_len bytes written: the manifest covers them */
-    uint64_t size;
-} ofile;
-
-/* Where a rank tensor lands: its file and the absolute offset of its bytes. */
-typedef struct {
-    int file;        /* index into files, -1 when the rank is not written */
-    uint64_t off;
-} oslot;
-
-typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2 } task_kind;
-
-/* CONTIG: bytes [a, b) of one region, which are one run of its source
- * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
- * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
- * slices of each row. MULTI: regions g0 .. g0 + ng of small tensors lying
- * back to back in source file `file` from byte `src` on, b bytes in all,
- * read in one go (a MoE's experts): each region one run of its tensor, or
- * all the regions of a tensor split along a later dim, cut from its bytes. */
-typedef struct {
-    task_kind kind;
-    size_t t;        /* source tensor */
-    size_t g0, ng;   /* regions */
-    uint64_t a, b;
-    uint64_t src;    /* CONTIG: source byte of a */
-    int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
-    int file;        /* MULTI: the source file */
-    size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
-} task;
-
-typedef struct {
-    tps_ctx *ctx;
-    const tps_ckpt *ck;
-    const tps_layout *L;
-    const unsigned char *write;
-    int tp;
-    ofile *files;
-    size_t nfiles;
-    oslot *slots;    /* [rank tensor] */
-    size_t *dests;   /* written pieces of each region: dests[dest0[g] .. dest0[g + 1]) */
-    size_t *dest0;
-    task *tasks;
-    size_t ntasks, cap;
-    uint32_t *crcs;
-    uint64_t *crclen;
-    size_t ncrc;
-    uint32_t *region_crc;
-    int *piece_rt;   /* rank tensor of each piece */
-    uint64_t total, done;
-    volatile int failed;
-    tps_err err;
-    int reporting;   /* a thread is in the progress callback */
-    int join;        /* a --ranks run: other runs may be writing into the same directory */
-    int wfd;         /* DIR/.tpshard.writing, held for the whole run (-1: not held) */
-    cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
-    int map;         /* read the source through per-task mappings */
-    size_t page;
-} engine;
 
 static tps_err add_task(engine *E, task tk, size_t ncrc)
 {
@@ -765,640 +700,33 @@ out:
     return rc;
 }
 
-/* ------------------------------------------------------------------ manifest */
-
-/* The manifest is streamed, one tensor a line: a tree of every (tensor,
- * rank) entry grew with tensors x tp (4.4 GB for a million tensors at tp 2). */
-static void file_sink(void *user, const char *p, size_t n) { fwrite(p, 1, n, user); }
-
-static void mw_str(FILE *f, const char *s) { tps_json_quote(s, file_sink, f); }
-
-static void mw_json(FILE *f, const cJSON *item)
-{
-    char *t = item ? cJSON_PrintUnformatted(item) : NULL;
-    fputs(t ? t : "{}", f);
-    free(t);
-}
-
-static void mw_shape(FILE *f, const uint64_t *v, int n)
-{
-    fputc('[', f);
-    for (int i = 0; i < n; i++) fprintf(f, "%s%llu", i ? "," : "", (unsigned long long)v[i]);
-    fputc(']', f);
-}
-
-static const char *base_name(const char *p)
-{
-    const char *b = strrchr(p, '/');
-    return b ? b + 1 : p;
-}
-
-/* Entries of ranks an earlier --ranks run wrote come from its manifest, but
- * are printed by the same code as ours, in the same order: a directory
- * filled by several runs gets the manifest one split would write. */
-
-/* The earlier run's entry (an object with "rank" r, and `key` equal to val
- * when key is given) of array arr, or NULL. */
-static const cJSON *prev_entry(const cJSON *arr, int r, const char *key, const char *val)
-{
-    for (const cJSON *e = arr ? arr->child : NULL; e; e = e->next) {
-        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
-        if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
-        if (!key) return e;
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
-        if (cJSON_IsString(v) && !strcmp(v->valuestring, val)) return e;
-    }
-    return NULL;
-}
-
-/* Name of rank r's file holding rank tensor k: its own when written here,
- * the earlier run's (prev, an entry with "file") for its ranks, else part
- * 0's name. */
-static void mw_rank_file(const engine *E, FILE *f, size_t k, int r, const cJSON *prev)
-{
-    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(prev, "file");
-    if (E->slots[k].file >= 0)
-        mw_str(f, base_name(E->files[E->slots[k].file].final));
-    else if (cJSON_IsString(fn))
-        mw_str(f, fn->valuestring);
-    else
-        fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
-}
-
-typedef struct {
-    const char *name;
-    int rank, part;
-    uint64_t bytes;
-    int has_hdr;       /* an earlier --ranks run's entry may predate header CRCs */
-    uint64_t hdr_bytes;
-    uint32_t hdr_crc;
-} fent;
-
-static int fent_cmp(const void *a, const void *b)
-{
-    const fent *x = a, *y = b;
-    if (x->rank != y->rank) return x->rank < y->rank ? -1 : 1;
-    return x->part < y->part ? -1 : x->part > y->part;
-}
-
-/* The source tensors no rank file holds: those the layout left out (the
- * engine's load_weights skips them), after those a directory resharded here
- * had left out already, so merge names every tensor of the original source
- * it cannot give back. */
-static void mw_dropped(const engine *E, FILE *f)
-{
-    const tps_ckpt *ck = E->ck;
-    const tps_layout *L = E->L;
-    int first = 1;
-    for (const cJSON *e = ck->dropped ? ck->dropped->child : NULL; e; e = e->next) {
-        fputs(first ? ",\n\"dropped\": [\n  " : ",\n  ", f);
-        first = 0;
-        mw_json(f, e);
-    }
-    for (size_t i = 0; i < ck->n; i++) {
-        const char *why = tps_layout_dropped(L, i);
-        if (!why) continue;
-        const tps_ctensor *t = &ck->t[i];
-        fputs(first ? ",\n\"dropped\": [\n  {\"name\": " : ",\n  {\"name\": ", f);
-        first = 0;
-        mw_str(f, t->name);
-        fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
-        mw_shape(f, t->shape, t->ndim);
-        fputs(", \"source_file\": ", f);
-        mw_str(f, t->origin);
-        fputs(", \"layout\": ", f);
-        mw_str(f, tps_layout_name(L));
-        fputs(", \"reason\": ", f);
-        mw_str(f, why);
-        fputc('}', f);
-    }
-    if (!first) fputs("\n]", f);
-}
-/* The size of source file `name`: its own, or (a reshard) what the source
- * directory's manifest records, so verify --source can tell another
- * checkpoint before it reads a byte. */
-static int origin_bytes(const tps_ckpt *ck, const char *name, uint64_t *size)
-{
-    if (ck->kind != TPS_SRC_SHARDED) {
-        for (size_t k = 0; k < ck->nfiles; k++)
-            if (!strcmp(ck->files[k].name, name)) return *size = ck->files[k].size, 1;
-        return 0;
-    }
-    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(
-        cJSON_GetObjectItemCaseSensitive(ck->manifest, "source"), "files");
-    for (const cJSON *e = sf ? sf->child : NULL; e; e = e->next) {
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
-        const cJSON *by = cJSON_GetObjectItemCaseSensitive(e, TPS_PROV_SOURCE_BYTES);
-        if (cJSON_IsString(nm) && !strcmp(nm->valuestring, name) && cJSON_IsNumber(by) &&
-            by->valuedouble >= 0)
-            return *size = (uint64_t)by->valuedouble, 1;
-    }
-    return 0;
-}
-
-static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
-{
-    const tps_ckpt *ck = E->ck;
-    const tps_layout *L = E->L;
-    static const char *const kinds[] = {"file", "dir", "index", "sharded"};
-    fprintf(f, "{\n\"format\": \"tpshard\",\n\"version\": %d,\n\"tool\": \"tpshard " TPS_VERSION_STRING
-               "\",\n\"tp\": %d,\n\"plan\": {\"name\": ",
-            L->spec ? TPS_MANIFEST_FORMAT_LAYOUT : TPS_MANIFEST_FORMAT, E->tp);
-    mw_str(f, tps_plan_name(L->plan));
-    fputs(", \"source\": ", f);
-    mw_str(f, plan_source);
-    if (L->spec && L->plan && L->plan->text) { /* verify lays a serving layout out again */
-        fputs(", \"text\": ", f);
-        mw_str(f, L->plan->text);
-    }
-    fputs("},\n", f);
-    if (L->spec) {
-        fputs("\"layout\": {\"name\": ", f);
-        mw_str(f, L->spec->name);
-        fputs(", \"target\": ", f);
-        mw_str(f, L->spec->target);
-        fputs(", \"source\": ", f);
-        mw_str(f, L->spec->label);
-        fputs(", \"text\": ", f);
-        mw_str(f, L->spec->text);
-        if (L->ep) fputs(", \"ep\": true", f);
-        fputs("},\n", f);
-    }
-    fputs("\"source\": {\"kind\": ", f);
-    mw_str(f, kinds[ck->kind]);
-    fputs(", \"stem\": ", f);
-    mw_str(f, ck->stem);
-    if (ck->index_name) {
-        fputs(", \"index\": ", f);
-        mw_str(f, ck->index_name);
-    }
-    if (ck->index_meta) {
-        fputs(", \"index_metadata\": ", f);
-        mw_json(f, ck->index_meta);
-    }
-    fputs(", \"files\": [", f);
-    for (size_t i = 0; i < ck->norigins; i++) {
-        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        mw_str(f, ck->origins[i]);
-        uint64_t osz;
-        if (origin_bytes(ck, ck->origins[i], &osz))
-            fprintf(f, ", \"" TPS_PROV_SOURCE_BYTES "\": %llu", (unsigned long long)osz);
-        fputs(", \"metadata\": ", f);
-        mw_json(f, cJSON_GetObjectItemCaseSensitive(ck->origin_meta, ck->origins[i]));
-        /* The original header, so merge gives back the file byte for byte
-         * even when it was not written in the reference layout. */
-        const cJSON *hd = cJSON_GetObjectItemCaseSensitive(ck->origin_header, ck->origins[i]);
-        if (cJSON_IsString(hd)) {
-            fputs(", \"header\": ", f);
-            mw_str(f, hd->valuestring);
-        }
-        fputc('}', f);
-    }
-    fputs("]},\n", f);
-    if (ck->untie_head) {
-        /* --untie: the head is the embedding's bytes, and config.json was
-         * rewritten; merge gives back this original config.json. */
-        fputs("\"untie\": {\"head\": ", f);
-        mw_str(f, ck->untie_head);
-        fputs(", \"embedding\": ", f);
-        mw_str(f, ck->untie_embedding);
-        fputs(", \"config\": ", f);
-        mw_str(f, ck->untie_config ? ck->untie_config : "");
-        fputs("},\n", f);
-    }
-    fputs("\"ranks_written\": [", f);
-    int first = 1;
-    for (int r = 0; r < E->tp; r++)
-        if (E->write[r] || theirs[r]) {
-            fprintf(f, "%s%d", first ? "" : ", ", r);
-            first = 0;
-        }
-    /* Every planned rank file, written or not, so a directory filled by
-     * several --ranks runs can be checked for what is missing. */
-    fputs("],\n\"files\": [", f);
-    const cJSON *pfiles = cJSON_GetObjectItemCaseSensitive(E->prev, "files");
-    size_t nf = E->nfiles + (size_t)cJSON_GetArraySize(pfiles);
-    fent *fe = tps_xcalloc(nf ? nf : 1, sizeof *fe);
-    size_t m = 0;
-    for (size_t i = 0; fe && i < E->nfiles; i++)
-        fe[m++] = (fent){base_name(E->files[i].final), E->files[i].rank, E->files[i].part,
-                         E->files[i].size, 1, E->files[i].hdr_len, E->files[i].hdr_crc};
-    for (const cJSON *pf = pfiles ? pfiles->child : NULL; fe && pf; pf = pf->next) {
-        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(pf, "rank");
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(pf, "name");
-        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pf, "part");
-        const cJSON *by = cJSON_GetObjectItemCaseSensitive(pf, "bytes");
-        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint] ||
-            !cJSON_IsString(nm) || !cJSON_IsNumber(pt) || !cJSON_IsNumber(by))
-            continue;
-        const cJSON *hb = cJSON_GetObjectItemCaseSensitive(pf, TPS_PROV_HEADER_BYTES);
-        const cJSON *hc = cJSON_GetObjectItemCaseSensitive(pf, TPS_PROV_HEADER_CRC);
-        int hh = cJSON_IsNumber(hb) && cJSON_IsNumber(hc);
-        fe[m++] = (fent){nm->valuestring, rk->valueint, pt->valueint, (uint64_t)by->valuedouble, hh,
-                         hh ? (uint64_t)hb->valuedouble : 0, hh ? (uint32_t)hc->valuedouble : 0};
-    }
-    if (fe) qsort(fe, m, sizeof *fe, fent_cmp);
-    for (size_t i = 0; i < m; i++) {
-        fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
-        mw_str(f, fe[i].name);
-        fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu", fe[i].rank, fe[i].part,
-                (unsigned long long)fe[i].bytes);
-        if (fe[i].has_hdr)
-            fprintf(f, ", \"" TPS_PROV_HEADER_BYTES "\": %llu, \"" TPS_PROV_HEADER_CRC "\": %u",
-                    (unsigned long long)fe[i].hdr_bytes, (unsigned)fe[i].hdr_crc);
-        fputc('}', f);
-    }
-    free(fe);
-    fputs("],\n\"tensors\": [", f);
-    const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
-    const cJSON *pt = ptensors ? ptensors->child : NULL;
-    int firstt = 1;
-    for (size_t ti = 0; ti < ck->n; ti++) {
-        const tps_ctensor *t = &ck->t[ti];
-        if (tps_layout_dropped(L, ti)) continue; /* listed under "dropped" below */
-        size_t p0 = L->src_piece0[ti], p1 = L->src_piece0[ti + 1];
-        int d = L->regions[L->pieces[L->src_pieces[p0]].region].dim;
-        fputs(firstt ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
-        firstt = 0;
-        mw_str(f, t->name);
-        fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
-        mw_shape(f, t->shape, t->ndim);
-        fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(L->p[ti].style));
-        if (d >= 0) fprintf(f, "\"Shard(%d)\"", d);
-        else fputs("\"Replicate\"", f);
-        fprintf(f, ", \"dim\": %d", d);
-        if (L->p[ti].rule) {
-            fputs(", \"rule\": ", f);
-            mw_str(f, L->p[ti].rule);
-        }
-        fputs(", \"source_file\": ", f);
-        mw_str(f, t->origin);
-        if (t->derived_from) {
-            fputs(", \"derived_from\": ", f);
-            mw_str(f, t->derived_from);
-        }
-        fputs(", \"ranks\": [", f);
-        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
-        if (pt) pt = pt->next;
-        int firstp = 1;
-        for (size_t k = p0; k < p1; k++) {
-            size_t pi = L->src_pieces[k];
-            const tps_lpiece *p = &L->pieces[pi];
-            const tps_region *g = &L->regions[p->region];
-            size_t rk = (size_t)E->piece_rt[pi];
-            const tps_rtensor *rt = &L->rt[rk];
-            /* an earlier run's entry of this piece: same rank, rows and place */
-            const cJSON *pe = NULL;
-            for (const cJSON *e = theirs[p->rank] && pranks ? pranks->child : NULL; e && !pe;
-                 e = e->next) {
-                const cJSON *er = cJSON_GetObjectItemCaseSensitive(e, "rank");
-                const cJSON *eo = cJSON_GetObjectItemCaseSensitive(e, "offset");
-                const cJSON *ea = cJSON_GetObjectItemCaseSensitive(e, "at");
-                if (cJSON_IsNumber(er) && er->valueint == p->rank && cJSON_IsNumber(eo) &&
-                    (uint64_t)eo->valuedouble == g->lo &&
-                    (ea ? cJSON_IsNumber(ea) && (uint64_t)ea->valuedouble == p->at : p->at == 0))
-                    pe = e;
-            }
-            uint64_t ls[TPS_MAX_DIMS];
-            memcpy(ls, t->shape, sizeof ls);
-            if (g->dim >= 0) ls[g->dim] = g->hi - g->lo;
-            fprintf(f, "%s{\"rank\": %d, \"file\": ", firstp ? "" : ", ", p->rank);
-            firstp = 0;
-            mw_rank_file(E, f, rk, p->rank, pe);
-            if (strcmp(rt->name, t->name)) {
-                fputs(", \"tensor\": ", f);
-                mw_str(f, rt->name);
-            }
-            if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
-            if (rt->dtype != t->dtype) fprintf(f, ", \"dtype\": \"%s\"", tps_dtype_name(rt->dtype));
-            fputs(", \"shape\": ", f);
-            mw_shape(f, ls, t->ndim);
-            fprintf(f, ", \"offset\": %llu, \"nbytes\": %llu", (unsigned long long)g->lo,
-                    (unsigned long long)p->nbytes);
-            /* dim -1: every piece is the whole tensor, copies by definition */
-            if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
-            const cJSON *pc = cJSON_GetObjectItemCaseSensitive(pe, "crc32");
-            if (E->slots[rk].file >= 0)
-                fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);
-            else if (cJSON_IsNumber(pc))
-                fprintf(f, ", \"crc32\": %.0f", pc->valuedouble);
-            fputc('}', f);
-        }
-        fputs("]}", f);
-    }
-    fputs("\n]", f);
-    mw_dropped(E, f);
-    if (L->spec) {
-        /* Rank tensors that are not one source tensor's piece under its own
-         * name: what each of their bytes is, so check can account for all. */
-        fputs(",\n\"rank_tensors\": [", f);
-        first = 1;
-        const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
-        for (int r = 0; r < E->tp; r++) {
-            for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
-                const tps_rtensor *rt = &L->rt[k];
-                if (rt->simple) continue;
-                fputs(first ? "\n  {\"rank\": " : ",\n  {\"rank\": ", f);
-                first = 0;
-                fprintf(f, "%d, \"name\": ", r);
-                mw_str(f, rt->name);
-                fputs(", \"file\": ", f);
-                mw_rank_file(E, f, k, r, theirs[r] ? prev_entry(prts, r, "name", rt->name) : NULL);
-                fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
-                mw_shape(f, rt->shape, rt->ndim);
-                fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
-                for (size_t j = 0; j < rt->npieces; j++) {
-                    const tps_lpiece *p = &L->pieces[rt->piece0 + j];
-                    fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
-                            (unsigned long long)p->at, (unsigned long long)p->nbytes);
-                    if (p->kind == TPS_PK_SRC) {
-                        fputs("\"source\": ", f);
-                        mw_str(f, ck->t[L->regions[p->region].src].name);
-                    } else if (p->kind == TPS_PK_ZERO) {
-                        fputs("\"zeros\": true", f);
-                    } else {
-                        fprintf(f, "\"value\": %.17g", p->value);
-                    }
-                    fputc('}', f);
-                }
-                fputs("]}", f);
-            }
-        }
-        fputs("\n]", f);
-    }
-    fputs("\n}\n", f);
-}
-
-static tps_err write_manifest(engine *E, const tps_split_opts *o, const char *plan_source)
+/* The rank files created under their temporary names, their headers
+ * written, and sized. */
+static tps_err write_headers(engine *E)
 {
     tps_ctx *ctx = E->ctx;
     tps_err rc = TPS_OK;
-    /* Ranks earlier --ranks runs wrote here (joining): their entries stay. */
-    unsigned char *theirs = tps_xcalloc((size_t)E->tp, 1);
-    char *path = tps_path_join(o->out_dir, TPS_MANIFEST);
-    char *tmp = path ? tps_tmp_name(path) : NULL;
-    FILE *f = NULL;
-    TPS_FAIL_IF(!theirs || !path || !tmp, ctx, TPS_E_NOMEM, "out of memory");
-    const cJSON *pw = cJSON_GetObjectItemCaseSensitive(E->prev, "ranks_written");
-    for (const cJSON *r = pw ? pw->child : NULL; r; r = r->next)
-        if (cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp && !E->write[r->valueint])
-            theirs[r->valueint] = 1;
-    f = fopen(tmp, "we");
-    TPS_FAIL_IF(!f, ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
-    setvbuf(f, NULL, _IOFBF, 1 << 20);
-    mw_body(E, f, plan_source, theirs);
-    int werr = ferror(f) || fflush(f) != 0 ? errno : 0;
-    if (!werr && fsync(fileno(f)) != 0) werr = errno;
-    if (fclose(f) != 0 && !werr) werr = errno;
-    f = NULL;
-    if (werr) {
-        rc = tps_fail(ctx, werr == ENOSPC || werr == EFBIG ? TPS_E_NOSPACE : TPS_E_IO,
-                      "%s: writing the manifest failed: %s", path, strerror(werr ? werr : EIO));
-        goto out;
-    }
-    TPS_FAIL_IF(rename(tmp, path) != 0, ctx, TPS_E_IO, "%s: rename: %s", path, strerror(errno));
-out:
-    if (f) fclose(f);
-    if (rc && tmp) unlink(tmp);
-    free(theirs);
-    free(path);
-    free(tmp);
-    return rc;
-}
-
-/* ------------------------------------------------------------------ output directory */
-
-static int is_ours(const char *name)
-{
-    int r, p, n = 0;
-    if (strcmp(name, TPS_MANIFEST) == 0) return 1;
-    if (sscanf(name, "model-rank-%d-part-%d.safetensors%n", &r, &p, &n) == 2 && name[n] == 0) return 1;
-    /* Temporaries a killed run left behind. */
-    if (name[0] == '.' && strstr(name, ".tmp.") &&
-        (strncmp(name + 1, "model-rank-", 11) == 0 || strncmp(name + 1, TPS_MANIFEST, 12) == 0))
-        return 2;
-    return 0;
-}
-
-/* Rank of a rank file or of its temporary, -1 when the name is neither. */
-static int rank_of(const char *name)
-{
-    int r, p;
-    if (name[0] == '.') name++;
-    return sscanf(name, "model-rank-%d-part-%d", &r, &p) == 2 ? r : -1;
-}
-
-static tps_err load_manifest(tps_ctx *ctx, const char *dir, cJSON **out)
-{
-    *out = NULL;
-    char *p = tps_path_join(dir, TPS_MANIFEST), *buf = NULL;
-    size_t len;
-    tps_err rc = p ? TPS_OK : TPS_E_NOMEM;
-    if (p && tps_exists(p)) {
-        rc = tps_read_file(ctx, p, 1u << 30, &buf, &len);
-        if (!rc) rc = tps_json_parse(ctx, p, buf, len, out);
-    }
-    free(p);
-    free(buf);
-    return rc;
-}
-
-/* A manifest that --ranks runs can add to: same source, plan, tp, tensors. */
-static int joinable(const engine *E, const cJSON *m)
-{
-    const tps_ckpt *ck = E->ck;
-    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
-    const cJSON *pn = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "plan"), "name");
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "source"), "stem");
-    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
-    const cJSON *ln = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"), "name");
-    const char *lname = cJSON_IsString(ln) ? ln->valuestring : "dtensor";
-    int ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"), "ep"));
-    if (ep != E->L->ep) return 0;
-    if (!cJSON_IsNumber(tp) || tp->valueint != E->tp || !cJSON_IsString(pn) ||
-        strcmp(lname, tps_layout_name(E->L)) ||
-        strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
-        strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts))
-        return 0;
-    size_t i = 0, kept = 0;
-    for (size_t k = 0; k < ck->n; k++) kept += !tps_layout_dropped(E->L, k);
-    if ((size_t)cJSON_GetArraySize(ts) != kept) return 0;
-    for (const cJSON *t = ts->child; t; t = t->next, i++) {
-        while (i < ck->n && tps_layout_dropped(E->L, i)) i++;
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name");
-        if (i == ck->n || !cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)) return 0;
-    }
-    return 1;
-}
-
-#define LOCK_NAME ".tpshard.lock"
-
-/* The lock --ranks runs sharing a directory take to read and write its
- * manifest (flock: across machines too on NFS; Lustre needs -o flock).
- * Returns the descriptor to close, or -1 after a warning: without it
- * the runs still write their own files, but may drop each other's manifest
- * entries. */
-static int lock_dir(tps_ctx *ctx, const char *dir)
-{
-    char *lp = tps_path_join(dir, LOCK_NAME);
-    int fd = lp ? open(lp, O_RDWR | O_CREAT | O_CLOEXEC, 0644) : -1;
-    int rc = fd >= 0 ? 0 : -1;
-    while (fd >= 0 && (rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR && !ctx->interrupted) {}
-    if (rc != 0) {
-        tps_log(ctx, TPS_LOG_WARN,
-                "%s: cannot lock %s (%s): --ranks runs writing into this directory at the same "
-                "time may drop each other's manifest entries",
-                dir, LOCK_NAME, strerror(errno));
-        if (fd >= 0) close(fd);
-        fd = -1;
-    }
-    free(lp);
-    return fd;
-}
-
-/* Removes every rank file, temporary and manifest of an older output. */
-static void remove_output(const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        if (!is_ours(de->d_name)) continue;
-        char *p = tps_path_join(dir, de->d_name);
-        if (p) unlink(p);
-        free(p);
-    }
-    closedir(d);
-}
-
-/* A --ranks run, under the lock: join the manifest of this split if there is
- * one; replace another split's output only with --force. Rank files of other
- * ranks that no manifest records are a run still writing, or a killed one:
- * left alone, and overwritten when their rank is written. */
-static tps_err prepare_join(engine *E, const tps_split_opts *o)
-{
-    tps_ctx *ctx = E->ctx;
-    const char *dir = o->out_dir;
-    tps_err rc = TPS_OK;
-    int lfd = lock_dir(ctx, dir);
-    cJSON *m = NULL;
-    if (load_manifest(ctx, dir, &m) != TPS_OK) {
-        cJSON_Delete(m); /* unreadable: another output, to replace */
-        m = NULL;
-        char *mp = tps_path_join(dir, TPS_MANIFEST);
-        int there = mp && tps_exists(mp);
-        free(mp);
-        if (there) m = cJSON_CreateObject();
-    }
-    if (m && joinable(E, m)) {
-        E->prev = m;
-        const cJSON *pw = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
-        for (const cJSON *r = pw ? pw->child : NULL; r && !o->force; r = r->next)
-            TPS_FAIL_IF(cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp &&
-                            E->write[r->valueint],
-                        ctx, TPS_E_EXISTS,
-                        "%s: rank %d is already written here; pass --force to rewrite the ranks "
-                        "you name",
-                        dir, r->valueint);
-    } else if (m) {
-        cJSON_Delete(m);
-        TPS_FAIL_IF(!o->force, ctx, TPS_E_EXISTS,
-                    "%s: already holds a tpshard output; pass --force to replace it", dir);
-        remove_output(dir);
-    }
-out:
-    if (lfd >= 0) close(lfd);
-    return rc;
-}
-
-static tps_err prepare_dir(engine *E, const tps_split_opts *o)
-{
-    tps_ctx *ctx = E->ctx;
-    const tps_ckpt *ck = E->ck;
-    const char *dir = o->out_dir;
-    if (!tps_exists(dir)) {
-        /* mkdir -p */
-        char *p = tps_strdup(dir);
-        if (!p) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-        for (char *s = p + 1; *s; s++)
-            if (*s == '/') {
-                *s = 0;
-                mkdir(p, 0755);
-                *s = '/';
-            }
-        int ok = mkdir(p, 0755) == 0 || errno == EEXIST;
-        int e = errno;
-        free(p);
-        if (!ok) return tps_fail(ctx, TPS_E_IO, "%s: cannot create the output directory: %s", dir, strerror(e));
-    }
-    if (!tps_is_dir(dir)) return tps_fail(ctx, TPS_E_EXISTS, "%s: exists and is not a directory", dir);
-    char *a = realpath(dir, NULL), *b = realpath(ck->dir, NULL);
-    int same = a && b && strcmp(a, b) == 0;
-    free(a);
-    free(b);
-    if (same)
-        return tps_fail(ctx, TPS_E_ARG,
-                        "%s: the output directory is the model directory itself; choose another -o",
-                        dir);
-    /* Before anything in it is looked at: another split that made it a
-     * moment ago, or is writing into it, is not ours to race. */
-    tps_err rc = TPS_OK;
-    E->wfd = tps_out_claim(ctx, dir, E->join, &rc);
-    if (rc) return rc;
-    /* --ranks into a directory other --ranks runs of the same split fill:
-     * add to it, and leave their ranks alone. */
-    if (E->join) return prepare_join(E, o);
-    DIR *d = opendir(dir);
-    if (!d) return tps_fail(ctx, TPS_E_IO, "%s: %s", dir, strerror(errno));
-    int found = 0;
-    struct dirent *de;
-    while ((de = readdir(d)))
-        if (is_ours(de->d_name) == 1) found = 1;
-    closedir(d);
-    if (found && !o->force)
-        return tps_fail(ctx, TPS_E_EXISTS,
-                        "%s: already holds a tpshard output; pass --force to replace it", dir);
-    return TPS_OK;
-}
-
-/* After the new files are in place: remove rank files of an older output
- * that the new one does not have, and stale temporaries of killed runs. */
-static void remove_stale(engine *E, const char *dir)
-{
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        int kind = is_ours(de->d_name);
-        if (!kind || strcmp(de->d_name, TPS_MANIFEST) == 0) continue;
-        char *p = tps_path_join(dir, de->d_name);
-        int keep = 0, r = rank_of(de->d_name);
-        /* Joining: other runs' ranks and temporaries are theirs. */
-        if (E->join && (r < 0 || r >= E->tp || !E->write[r])) keep = 1;
-        for (size_t i = 0; p && i < E->nfiles && !keep; i++)
-            keep = strcmp(E->files[i].final, p) == 0 || strcmp(E->files[i].tmp, p) == 0;
-        if (p && !keep) unlink(p);
-        free(p);
-    }
-    closedir(d);
-}
-
-static tps_err space_check(tps_ctx *ctx, const engine *E, const char *dir)
-{
-    struct statvfs sv;
-    if (statvfs(dir, &sv) != 0) return TPS_OK;
-    uint64_t need = 0, replaced = 0;
     for (size_t i = 0; i < E->nfiles; i++) {
-        need += E->files[i].size;
-        struct stat sb;
-        if (stat(E->files[i].final, &sb) == 0) replaced += (uint64_t)sb.st_size;
+        ofile *f = &E->files[i];
+        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
+        char *hdr = NULL;
+        size_t len = f->hdr_len;
+        TPS_CHECK(file_header(E, i, &hdr));
+        tps_err wrc = f->hdr_len != len ? tps_fail(ctx, TPS_E_IO, "%s: header changed size", f->final)
+                                        : tps_pwrite_full(ctx, f->fd, f->final, hdr, f->hdr_len, 0);
+        if (!wrc) f->hdr_crc = tps_crc32(0, hdr, f->hdr_len);
+        free(hdr);
+        TPS_CHECK(wrc);
+        /* Size it now: a full disk or a size limit shows before the copy. */
+        if (f->size > f->hdr_len && ftruncate(f->fd, (off_t)f->size) != 0) {
+            int e = errno;
+            TPS_FAIL_IF(e == EFBIG, ctx, TPS_E_NOSPACE, "%s: file size limit exceeded (EFBIG)", f->final);
+            TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
+        }
     }
-    uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize + replaced;
-    if (need > avail)
-        return tps_fail(ctx, TPS_E_NOSPACE,
-                        "%s: not enough free space: the split needs %.2f GiB, %.2f GiB are free", dir,
-                        need / 1073741824.0, avail / 1073741824.0);
-    return TPS_OK;
+out:
+    return rc;
 }
 
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
@@ -1437,30 +765,12 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
      * ranks) leaves the directory to the others. */
     if (!any) goto out;
     E.join = o->ranks != NULL;
-    TPS_CHECK(prepare_dir(&E, o));
+    TPS_CHECK(tps_sp_prepare_dir(&E, o));
     TPS_CHECK(build_files(&E, o));
     TPS_CHECK(index_dests(&E));
     TPS_CHECK(plan_tasks(&E));
-    TPS_CHECK(space_check(ctx, &E, o->out_dir));
-    for (size_t i = 0; i < E.nfiles; i++) {
-        ofile *f = &E.files[i];
-        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
-        char *hdr = NULL;
-        size_t len = f->hdr_len;
-        TPS_CHECK(file_header(&E, i, &hdr));
-        tps_err wrc = f->hdr_len != len ? tps_fail(ctx, TPS_E_IO, "%s: header changed size", f->final)
-                                        : tps_pwrite_full(ctx, f->fd, f->final, hdr, f->hdr_len, 0);
-        if (!wrc) f->hdr_crc = tps_crc32(0, hdr, f->hdr_len);
-        free(hdr);
-        TPS_CHECK(wrc);
-        /* Size it now: a full disk or a size limit shows before the copy. */
-        if (f->size > f->hdr_len && ftruncate(f->fd, (off_t)f->size) != 0) {
-            int e = errno;
-            TPS_FAIL_IF(e == EFBIG, ctx, TPS_E_NOSPACE, "%s: file size limit exceeded (EFBIG)", f->final);
-            TPS_FAIL_IF(1, ctx, TPS_E_IO, "%s: cannot size the file: %s", f->final, strerror(e));
-        }
-    }
+    TPS_CHECK(tps_sp_space_check(ctx, &E, o->out_dir));
+    TPS_CHECK(write_headers(&E));
     TPS_CHECK(write_constants(&E));
     /* Mapped reads when asked for and the SIGBUS guard can be set. */
     long pg = sysconf(_SC_PAGESIZE);
@@ -1498,31 +808,10 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         free(E.files[i].tmp);
         E.files[i].tmp = tps_strdup("");
     }
-    remove_stale(&E, o->out_dir);
+    tps_sp_remove_stale(&E, o->out_dir);
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->config_out));
-    {
-        /* Other runs, here or on other machines, may write the manifest too:
-         * take the lock, re-read theirs as it is now, add ours. */
-        int lfd = E.join ? lock_dir(ctx, o->out_dir) : -1;
-        if (E.join) {
-            cJSON *m = NULL;
-            cJSON_Delete(E.prev);
-            E.prev = NULL;
-            if (load_manifest(ctx, o->out_dir, &m) == TPS_OK && m && joinable(&E, m))
-                E.prev = m;
-            else if (m)
-                rc = tps_fail(ctx, TPS_E_EXISTS,
-                              "%s: another split (other source, plan, layout or tp) wrote its "
-                              "manifest here while this run was writing; this run's rank files "
-                              "are not recorded",
-                              o->out_dir);
-            if (!E.prev) cJSON_Delete(m);
-        }
-        if (!rc)
-            rc = write_manifest(&E, o, L->plan->label ? L->plan->label : tps_plan_name(L->plan));
-        if (lfd >= 0) close(lfd);
-        if (rc) goto out;
-    }
+    TPS_CHECK(tps_sp_record_manifest(&E, o,
+                                     L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
     if (res) {
         for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;

@@ -1,0 +1,943 @@
+/* ckpt_sharded.c - opening a tpshard output directory as the checkpoint it
+ * was split from, through its manifest: the manifest read (its two long
+ * arrays one element at a time), its head, source description and rank
+ * files checked, every (tensor, rank) entry made a piece of its tensor and
+ * checked against the rank file holding it, a serving layout's other rank
+ * tensors, the untie record, and no rank-file tensor the manifest does not
+ * account for. */
+#include "internal.h"
+#include "model_int.h"
+#include "provenance.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static int json_u64(const cJSON *v, uint64_t *out)
+{
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= 9007199254740992.0 ||
+        v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return 0;
+    *out = (uint64_t)v->valuedouble;
+    return 1;
+}
+
+static int json_shape(const cJSON *a, uint64_t *shape, int *ndim)
+{
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > TPS_MAX_DIMS) return 0;
+    int n = 0;
+    for (const cJSON *d = a->child; d; d = d->next)
+        if (!json_u64(d, &shape[n++])) return 0;
+    *ndim = n;
+    return 1;
+}
+
+static int cmp_info_name(const void *a, const void *b)
+{
+    return strcmp((*(const tps_st_tensor_info *const *)a)->name,
+                  (*(const tps_st_tensor_info *const *)b)->name);
+}
+
+/* Rank files are searched once per (tensor, rank): by name, in log time. */
+static tps_err index_by_name(tps_ctx *ctx, tps_cfile *f)
+{
+    f->byname = tps_xmalloc(f->st->n * sizeof *f->byname);
+    if (!f->byname) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t k = 0; k < f->st->n; k++) f->byname[k] = &f->st->t[k];
+    if (f->st->n > 1) qsort(f->byname, f->st->n, sizeof *f->byname, cmp_info_name);
+    return TPS_OK;
+}
+
+static const tps_st_tensor_info *find_in_file(const tps_cfile *f, const char *name)
+{
+    size_t lo = 0, hi = f->st->n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(f->byname[mid]->name, name);
+        if (c == 0) return f->byname[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid;
+    }
+    return NULL;
+}
+
+/* The manifest's untie record and the head it names: the head is derived
+ * from an embedding of the same dtype and shape, and nothing else is. */
+static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(ck->manifest, "untie");
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(u, "head");
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(u, "embedding");
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(u, "config");
+    if (u && (!cJSON_IsObject(u) || !cJSON_IsString(h) || !cJSON_IsString(e) ||
+              !cJSON_IsString(c)))
+        return tps_fail(ctx, TPS_E_JSON,
+                        "%s: untie must be {\"head\", \"embedding\", \"config\"} strings", mpath);
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        if (!t->derived_from) continue;
+        if (!u || strcmp(t->name, h->valuestring) || strcmp(t->derived_from, e->valuestring))
+            return tps_fail(ctx, TPS_E_JSON,
+                            "%s: tensor '%s' is derived from '%s' but the untie record does not "
+                            "say so",
+                            mpath, t->name, t->derived_from);
+    }
+    if (!u) return TPS_OK;
+    int hi = tps_ckpt_find(ck, h->valuestring), ei = tps_ckpt_find(ck, e->valuestring);
+    if (hi < 0 || ei < 0 || !ck->t[hi].derived_from)
+        return tps_fail(ctx, TPS_E_JSON,
+                        "%s: untie names head '%s' and embedding '%s', but the tensors do not "
+                        "match (both listed, the head with derived_from)",
+                        mpath, h->valuestring, e->valuestring);
+    const tps_ctensor *ht = &ck->t[hi], *et = &ck->t[ei];
+    int same = ht->dtype == et->dtype && ht->ndim == et->ndim;
+    for (int d = 0; same && d < ht->ndim; d++) same = ht->shape[d] == et->shape[d];
+    if (!same)
+        return tps_fail(ctx, TPS_E_MISMATCH,
+                        "%s: untied head '%s' differs in dtype or shape from '%s', the embedding "
+                        "it was written from",
+                        mpath, ht->name, et->name);
+    ck->untie_head = tps_strdup(h->valuestring);
+    ck->untie_embedding = tps_strdup(e->valuestring);
+    ck->untie_config = tps_strdup(c->valuestring);
+    if (!ck->untie_head || !ck->untie_embedding || !ck->untie_config)
+        return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    return TPS_OK;
+}
+
+/* ------------------------------------------------------------------ streamed manifest arrays */
+
+/* The manifest's two long arrays (tensors, one entry a tensor with one a
+ * rank; rank_tensors) are read one element at a time: as a cJSON tree the
+ * manifest of a 128-expert, 48-layer MoE at tp 8 (18,867 tensors, 25 MB)
+ * took 250 MB. The rest of the manifest is parsed whole, with each of those
+ * arrays' text replaced by []. Strings the tensors keep are copied into
+ * ck's own string chunks, since each element's tree is freed. */
+
+static const char *js_ws(const char *p, const char *e)
+{
+    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
+    return p;
+}
+
+/* Past one JSON value (NULL when malformed; the full parse then says why). */
+static const char *js_skip(const char *p, const char *e)
+{
+    int depth = 0;
+    do {
+        tps_text_behind(p);
+        p = js_ws(p, e);
+        if (p >= e) return NULL;
+        if (*p == '"') {
+            for (p++; p < e && *p != '"'; p++)
+                if (*p == '\\') p++;
+            if (p >= e) return NULL;
+            p++;
+        } else if (*p == '[' || *p == '{') {
+            depth++;
+            p++;
+        } else if (*p == ']' || *p == '}') {
+            if (--depth < 0) return NULL;
+            p++;
+        } else if (*p == ',' || *p == ':') {
+            if (!depth) return NULL;
+            p++;
+        } else {
+            const char *q = p;
+            while (p < e && *p && !strchr(" \t\r\n,:]}[{\"", *p)) p++;
+            if (p == q) return NULL; /* a NUL byte: no JSON token starts there */
+        }
+    } while (depth > 0);
+    return p;
+}
+
+typedef struct {
+    const char *b, *e; /* the array's text, [ to ] inclusive; b NULL: absent */
+} js_span;
+
+/* Spans of the top-level members named keys[k]; -1 when the text is not an
+ * object of members (the full parse reports it). */
+static int js_members(const char *t, size_t len, const char *const *keys, size_t nk, js_span *out)
+{
+    const char *p = js_ws(t, t + len), *e = t + len;
+    for (size_t k = 0; k < nk; k++) out[k].b = out[k].e = NULL;
+    if (p >= e || *p != '{') return -1;
+    p = js_ws(p + 1, e);
+    if (p < e && *p == '}') return 0;
+    for (;;) {
+        if (p >= e || *p != '"') return -1;
+        const char *k0 = p + 1, *k1 = js_skip(p, e);
+        if (!k1) return -1;
+        size_t kl = (size_t)(k1 - 1 - k0);
+        p = js_ws(k1, e);
+        if (p >= e || *p != ':') return -1;
+        const char *v = js_ws(p + 1, e), *ve = js_skip(v, e);
+        if (!ve) return -1;
+        for (size_t k = 0; k < nk; k++)
+            if (strlen(keys[k]) == kl && !memcmp(keys[k], k0, kl) && v < e && *v == '[') {
+                out[k].b = v;
+                out[k].e = ve;
+            }
+        p = js_ws(ve, e);
+        if (p < e && *p == ',') {
+            p = js_ws(p + 1, e);
+            continue;
+        }
+        return p < e && *p == '}' ? 0 : -1;
+    }
+}
+
+/* The next element of an array span: *out NULL at its end. */
+static tps_err js_next(tps_ctx *ctx, const char *mpath, const char *what, const char **pp,
+                       const char *e, size_t i, cJSON **out)
+{
+    const char *p = js_ws(*pp, e);
+    *out = NULL;
+    if (p < e && *p == '[') p = js_ws(p + 1, e);
+    else if (p < e && *p == ',') p = js_ws(p + 1, e);
+    if (p < e && *p == ']') {
+        *pp = p;
+        return TPS_OK;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(p, (size_t)(e - p), &end, 0);
+    if (!j)
+        return tps_fail(ctx, TPS_E_JSON, "%s: %s[%zu] is not valid JSON", mpath, what, i);
+    *pp = end;
+    *out = j;
+    tps_text_behind(end);
+    return TPS_OK;
+}
+
+/* The elements of one of those arrays: one at a time from its text (span
+ * set), or from the tree (a manifest parsed whole). Each element lives until
+ * the next call; js_iter_start again runs through them once more. */
+typedef struct {
+    const char *b, *p, *e; /* the array's text, or b NULL */
+    const cJSON *next;     /* the tree's next element */
+    cJSON *el;             /* the element parsed from the text */
+    const char *what;
+    size_t i;
+} js_iter;
+
+static void js_iter_start(js_iter *it, const js_span *sp, const cJSON *arr, const char *what)
+{
+    cJSON_Delete(it->el);
+    *it = (js_iter){.b = sp->b, .p = sp->b, .e = sp->e, .next = arr->child, .what = what};
+}
+
+static tps_err js_iter_next(tps_ctx *ctx, const char *mpath, js_iter *it, const cJSON **out)
+{
+    cJSON_Delete(it->el);
+    it->el = NULL;
+    if (!it->b) {
+        *out = it->next;
+        if (it->next) it->next = it->next->next;
+        return TPS_OK;
+    }
+    TPS_TRY(js_next(ctx, mpath, it->what, &it->p, it->e, it->i, &it->el));
+    it->i++;
+    *out = it->el;
+    return TPS_OK;
+}
+
+/* A copy of s that lives as long as ck. */
+static const char *ck_keep(tps_ckpt *ck, const char *s)
+{
+    if (!s) return NULL;
+    size_t n = strlen(s) + 1;
+    if (n > ck->str_left) {
+        size_t cap = n > 65536 ? n : 65536;
+        char **nc = realloc(ck->str_chunks, (ck->nstr_chunks + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        ck->str_chunks = nc;
+        if (!(nc[ck->nstr_chunks] = malloc(cap))) return NULL;
+        ck->str_next = nc[ck->nstr_chunks++];
+        ck->str_left = cap;
+    }
+    char *d = ck->str_next;
+    memcpy(d, s, n);
+    ck->str_next += n;
+    ck->str_left -= n;
+    return d;
+}
+
+/* What reading one manifest keeps from one part to the next. */
+typedef struct {
+    const char *mpath;
+    int v2;          /* a version 2 manifest: a serving layout's */
+    js_span sp[2];   /* the text of tensors and rank_tensors (b NULL: read from the tree) */
+    js_iter it;
+    /* The files of each rank, so a lookup scans only that rank's parts:
+     * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */
+    size_t *rank_files, *rank_start;
+    unsigned char **seen; /* [file][tensor]: the manifest accounts for it */
+} shard_rd;
+
+/* The manifest parsed: whole, or (its usual shape) all but its two long
+ * arrays, whose spans S->sp gets. */
+static tps_err parse_manifest(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const tps_text *tx)
+{
+    const char *mpath = S->mpath;
+    js_span *sp = S->sp;
+    tps_err rc = TPS_OK;
+    char *text = NULL, *rest = NULL;
+    size_t tlen = 0;
+    static const char *const big[] = {"tensors", "rank_tensors"};
+    text = tx->p;
+    tlen = tx->len;
+    if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
+        /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
+        rest = malloc(tlen + 8);
+        TPS_FAIL_IF(!rest, ctx, TPS_E_NOMEM, "out of memory");
+        const js_span *a = &sp[0], *b = sp[1].b ? &sp[1] : NULL;
+        if (b && b->b < a->b) {
+            const js_span *x = a;
+            a = b;
+            b = x;
+        }
+        size_t o = 0;
+        memcpy(rest + o, text, (size_t)(a->b - text));
+        o += (size_t)(a->b - text);
+        memcpy(rest + o, "[]", 2);
+        o += 2;
+        const char *from = a->e, *to = b ? b->b : text + tlen;
+        memcpy(rest + o, from, (size_t)(to - from));
+        o += (size_t)(to - from);
+        if (b) {
+            memcpy(rest + o, "[]", 2);
+            o += 2;
+            memcpy(rest + o, b->e, (size_t)(text + tlen - b->e));
+            o += (size_t)(text + tlen - b->e);
+        }
+        rest[o] = 0;
+        TPS_CHECK(tps_json_parse(ctx, mpath, rest, o, &ck->manifest));
+        free(rest);
+        rest = NULL;
+        /* the arrays' own syntax: each element is parsed with cJSON below */
+        const char *why = NULL;
+        for (int k = 0; k < 2 && !why; k++)
+            if (sp[k].b) why = tps_json_prescan_span(sp[k].b, (size_t)(sp[k].e - sp[k].b));
+        TPS_FAIL_IF(why, ctx, TPS_E_JSON, "%s: not valid JSON: %s", mpath, why);
+    } else {
+        /* not the shape a manifest has: the full parse says what is wrong */
+        TPS_CHECK(tps_json_parse(ctx, mpath, text, tlen, &ck->manifest));
+        sp[0].b = sp[1].b = NULL;
+    }
+out:
+    free(rest);
+    return rc;
+}
+
+/* The manifest's head: format and version, the layout, the dropped tensors,
+ * tp, the plan and the ranks written. */
+static tps_err read_head(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
+{
+    const char *mpath = S->mpath;
+    tps_err rc = TPS_OK;
+    const cJSON *m = ck->manifest;
+    TPS_FAIL_IF(!cJSON_IsObject(m), ctx, TPS_E_JSON, "%s: not a JSON object", mpath);
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(m, "format");
+    TPS_FAIL_IF(!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "tpshard"), ctx, TPS_E_JSON,
+                "%s: not a tpshard manifest (format is not \"tpshard\")", mpath);
+    const cJSON *ver = cJSON_GetObjectItemCaseSensitive(m, "version");
+    TPS_FAIL_IF(!cJSON_IsNumber(ver) || (ver->valueint != TPS_MANIFEST_FORMAT &&
+                                         ver->valueint != TPS_MANIFEST_FORMAT_LAYOUT),
+                ctx, TPS_E_JSON, "%s: manifest version is not %d or %d", mpath,
+                TPS_MANIFEST_FORMAT, TPS_MANIFEST_FORMAT_LAYOUT);
+    int v2 = ver->valueint == TPS_MANIFEST_FORMAT_LAYOUT;
+    S->v2 = v2;
+    ck->layout_name = "dtensor";
+    if (v2) {
+        const cJSON *lay = cJSON_GetObjectItemCaseSensitive(m, "layout");
+        const cJSON *ln = cJSON_GetObjectItemCaseSensitive(lay, "name");
+        const cJSON *lt = cJSON_GetObjectItemCaseSensitive(lay, "target");
+        const cJSON *lx = cJSON_GetObjectItemCaseSensitive(lay, "text");
+        TPS_FAIL_IF(!cJSON_IsString(ln) || !cJSON_IsString(lt), ctx, TPS_E_JSON,
+                    "%s: a version %d manifest needs layout.name and layout.target", mpath,
+                    TPS_MANIFEST_FORMAT_LAYOUT);
+        ck->layout_name = ln->valuestring;
+        ck->layout_target = lt->valuestring;
+        ck->layout_text = cJSON_IsString(lx) ? lx->valuestring : NULL;
+        ck->layout_ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lay, "ep"));
+    }
+    /* source tensors the layout left out: merge names them, verify does not miss them */
+    const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(m, "dropped");
+    for (const cJSON *d = cJSON_IsArray(dropped) ? dropped->child : NULL; d; d = d->next)
+        TPS_FAIL_IF(!cJSON_IsString(cJSON_GetObjectItemCaseSensitive(d, "name")) ||
+                        !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(d, "reason")),
+                    ctx, TPS_E_JSON, "%s: a dropped[] entry needs a name and a reason", mpath);
+    TPS_FAIL_IF(dropped && !cJSON_IsArray(dropped), ctx, TPS_E_JSON, "%s: dropped is not an array",
+                mpath);
+    ck->dropped = dropped;
+    const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
+    TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
+                TPS_E_JSON, "%s: tp is missing or out of range", mpath);
+    ck->tp = tp->valueint;
+    ck->rank_present = tps_xcalloc((size_t)ck->tp, 1);
+    ck->rank_written = tps_xcalloc((size_t)ck->tp, 1);
+    TPS_FAIL_IF(!ck->rank_present || !ck->rank_written, ctx, TPS_E_NOMEM, "out of memory");
+    const cJSON *plan = cJSON_GetObjectItemCaseSensitive(m, "plan");
+    const cJSON *pname = cJSON_GetObjectItemCaseSensitive(plan, "name");
+    if (cJSON_IsString(pname)) ck->plan_name = tps_strdup(pname->valuestring);
+    const cJSON *ptext = cJSON_GetObjectItemCaseSensitive(plan, "text");
+    if (cJSON_IsString(ptext)) ck->plan_text = ptext->valuestring;
+    const cJSON *written = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
+    TPS_FAIL_IF(!cJSON_IsArray(written), ctx, TPS_E_JSON, "%s: ranks_written is not an array", mpath);
+    for (const cJSON *r = written->child; r; r = r->next) {
+        TPS_FAIL_IF(!cJSON_IsNumber(r) || r->valueint < 0 || r->valueint >= ck->tp, ctx, TPS_E_JSON,
+                    "%s: ranks_written holds a rank outside 0..%d", mpath, ck->tp - 1);
+        ck->rank_written[r->valueint] = 1;
+    }
+out:
+    return rc;
+}
+
+/* Source description for merge. */
+static tps_err read_source(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    const cJSON *m = ck->manifest;
+    tps_err rc = TPS_OK;
+    const cJSON *src = cJSON_GetObjectItemCaseSensitive(m, "source");
+    const cJSON *sfiles = cJSON_GetObjectItemCaseSensitive(src, "files");
+    TPS_FAIL_IF(!cJSON_IsArray(sfiles), ctx, TPS_E_JSON, "%s: source.files is not an array", mpath);
+    ck->norigins = (size_t)cJSON_GetArraySize(sfiles);
+    ck->origins = tps_xcalloc(ck->norigins, sizeof(char *));
+    ck->origin_meta = cJSON_CreateObject();
+    ck->origin_header = cJSON_CreateObject();
+    TPS_FAIL_IF(!ck->origins || !ck->origin_meta || !ck->origin_header, ctx, TPS_E_NOMEM,
+                "out of memory");
+    size_t oi = 0;
+    for (const cJSON *f = sfiles->child; f; f = f->next, oi++) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        TPS_FAIL_IF(!cJSON_IsString(nm) || !tps_ck_plain_name(nm->valuestring), ctx, TPS_E_JSON,
+                    "%s: source.files[%zu].name is not a plain file name", mpath, oi);
+        ck->origins[oi] = tps_strdup(nm->valuestring);
+        const cJSON *md = cJSON_GetObjectItemCaseSensitive(f, "metadata");
+        if (cJSON_IsObject(md))
+            cJSON_AddItemToObject(ck->origin_meta, nm->valuestring, cJSON_Duplicate(md, 1));
+        const cJSON *hd = cJSON_GetObjectItemCaseSensitive(f, "header");
+        if (cJSON_IsString(hd))
+            cJSON_AddStringToObject(ck->origin_header, nm->valuestring, hd->valuestring);
+    }
+    const cJSON *iname = cJSON_GetObjectItemCaseSensitive(src, "index");
+    if (cJSON_IsString(iname)) {
+        TPS_FAIL_IF(!tps_ck_plain_name(iname->valuestring), ctx, TPS_E_JSON,
+                    "%s: source.index is not a plain file name", mpath);
+        ck->index_name = tps_strdup(iname->valuestring);
+    }
+    const cJSON *imeta = cJSON_GetObjectItemCaseSensitive(src, "index_metadata");
+    if (cJSON_IsObject(imeta)) ck->index_meta = cJSON_Duplicate(imeta, 1);
+out:
+    return rc;
+}
+
+/* Rank files: open those that exist. */
+static tps_err open_rank_files(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    const cJSON *m = ck->manifest;
+    tps_err rc = TPS_OK;
+    const cJSON *files = cJSON_GetObjectItemCaseSensitive(m, "files");
+    TPS_FAIL_IF(!cJSON_IsArray(files), ctx, TPS_E_JSON, "%s: files is not an array", mpath);
+    for (const cJSON *f = files->child; f; f = f->next) {
+        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
+        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(f, "rank");
+        TPS_FAIL_IF(!cJSON_IsString(nm) || !tps_ck_plain_name(nm->valuestring) || !cJSON_IsNumber(rk) ||
+                        rk->valueint < 0 || rk->valueint >= ck->tp,
+                    ctx, TPS_E_JSON, "%s: files[] entry needs a plain name and a rank < tp", mpath);
+        char *p = tps_path_join(ck->dir, nm->valuestring);
+        int there = p && tps_exists(p);
+        free(p);
+        if (!there) {
+            TPS_FAIL_IF(ck->rank_written[rk->valueint], ctx, TPS_E_MISMATCH,
+                        "%s: rank %d's file %s is missing", ck->dir, rk->valueint, nm->valuestring);
+            continue;
+        }
+        /* A rank the manifest does not record as written: its file is a
+         * --ranks run's that is still writing, or was killed before it
+         * recorded its ranks. Not the manifest's: the rank is missing. */
+        if (!ck->rank_written[rk->valueint]) continue;
+        /* Its header first: the placements and shapes read below come from it. */
+        int recorded;
+        char *rp = tps_path_join(ck->dir, nm->valuestring);
+        TPS_FAIL_IF(!rp, ctx, TPS_E_NOMEM, "out of memory");
+        rc = tps_prov_rank_header(ctx, mpath, rp, f, &recorded);
+        free(rp);
+        if (rc) goto out;
+        ck->headers_unrecorded += !recorded;
+        size_t fi;
+        TPS_CHECK(tps_ck_add_file(ctx, ck, nm->valuestring, &fi));
+        ck->files[fi].rank = rk->valueint;
+        ck->rank_present[rk->valueint] = 1;
+        TPS_CHECK(index_by_name(ctx, &ck->files[fi]));
+        /* A rank file's header text and metadata are not needed once
+         * parsed (a source file's are: merge gives them back); 4 MB and
+         * 2 MB a rank for 18,867 tensors. */
+        free(ck->files[fi].st->raw);
+        ck->files[fi].st->raw = NULL;
+        tps_st_drop_meta(ck->files[fi].st);
+    }
+    if (ck->headers_unrecorded)
+        tps_log(ctx, TPS_LOG_WARN,
+                "%s: the manifest records no CRC32 of the rank files' headers (a tpshard older "
+                "than header coverage wrote it): the headers of %d file%s (__metadata__, tensor "
+                "table) are not checked; split again to cover every byte",
+                mpath, ck->headers_unrecorded, ck->headers_unrecorded == 1 ? "" : "s");
+out:
+    return rc;
+}
+
+/* Each rank's files (S->rank_start, S->rank_files), and S->seen, none of
+ * their tensors seen yet. */
+static tps_err index_rank_files(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
+{
+    tps_err rc = TPS_OK;
+    S->rank_start = tps_xcalloc((size_t)ck->tp + 1, sizeof *S->rank_start);
+    S->rank_files = tps_xcalloc(ck->nfiles, sizeof *S->rank_files);
+    TPS_FAIL_IF(!S->rank_start || !S->rank_files, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t fi = 0; fi < ck->nfiles; fi++) S->rank_start[ck->files[fi].rank + 1]++;
+    for (int r = 0; r < ck->tp; r++) S->rank_start[r + 1] += S->rank_start[r];
+    {
+        size_t *fill = tps_xcalloc((size_t)ck->tp, sizeof *fill);
+        TPS_FAIL_IF(!fill, ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t fi = 0; fi < ck->nfiles; fi++) {
+            int r = ck->files[fi].rank;
+            S->rank_files[S->rank_start[r] + fill[r]++] = fi;
+        }
+        free(fill);
+    }
+    S->seen = tps_xcalloc(ck->nfiles ? ck->nfiles : 1, sizeof *S->seen);
+    TPS_FAIL_IF(!S->seen, ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t fi = 0; fi < ck->nfiles; fi++) {
+        S->seen[fi] = tps_xcalloc(ck->files[fi].st->n ? ck->files[fi].st->n : 1, 1);
+        TPS_FAIL_IF(!S->seen[fi], ctx, TPS_E_NOMEM, "out of memory");
+    }
+out:
+    return rc;
+}
+
+/* One ranks[] entry of tensor t: a piece (a replica: *reps, from the end
+ * of t's share, back) when its rank is present, checked against the rank
+ * file holding it. *expect_lo: where a version 1 manifest's next shard
+ * along t's dim starts. */
+static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_ctensor *t,
+                               const cJSON *r, tps_piece **reps, uint64_t *expect_lo)
+{
+    const char *mpath = S->mpath;
+    int v2 = S->v2;
+    size_t *rank_files = S->rank_files, *rank_start = S->rank_start;
+    unsigned char **seen = S->seen;
+    tps_err rc = TPS_OK;
+    int ovf, mis;
+    const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(r, "file");
+    const cJSON *off = cJSON_GetObjectItemCaseSensitive(r, "offset");
+    const cJSON *crc = cJSON_GetObjectItemCaseSensitive(r, "crc32");
+    const cJSON *hold = cJSON_GetObjectItemCaseSensitive(r, "tensor");
+    const cJSON *atj = cJSON_GetObjectItemCaseSensitive(r, "at");
+    const cJSON *sdt = cJSON_GetObjectItemCaseSensitive(r, "dtype");
+    tps_dtype stored = t->dtype;
+    int replica = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "replica"));
+    uint64_t lshape[TPS_MAX_DIMS], at = 0;
+    int lnd = 0;
+    uint64_t lo = 0;
+    TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->tp ||
+                    !cJSON_IsString(fn) ||
+                    !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
+                    lnd != t->ndim || !json_u64(off, &lo) ||
+                    (hold && (!v2 || !cJSON_IsString(hold))) ||
+                    (atj && (!v2 || !json_u64(atj, &at))) || (replica && (!v2 || t->dim < 0)) ||
+                    (sdt && (!v2 || !cJSON_IsString(sdt) ||
+                             tps_dtype_from_name(sdt->valuestring, &stored))),
+                ctx, TPS_E_JSON, "%s: tensor '%s': malformed ranks[] entry", mpath, t->name);
+    int rank = rr->valueint;
+    const char *holder = hold ? ck_keep(ck, hold->valuestring) : t->name;
+    TPS_FAIL_IF(!holder, ctx, TPS_E_NOMEM, "out of memory");
+    TPS_FAIL_IF(stored != t->dtype && (stored != TPS_F32 || !tps_cast_ok(t->dtype)), ctx,
+                TPS_E_MISMATCH,
+                "%s: tensor '%s': rank %d's piece is stored as %s, but a %s tensor can "
+                "only be stored as itself or widened to F32 (a scale the layout widened)",
+                mpath, t->name, rank, tps_dtype_name(stored), tps_dtype_name(t->dtype));
+    /* Local shape must be the global one but along dim. */
+    for (int d = 0; d < t->ndim; d++)
+        TPS_FAIL_IF(d != t->dim && lshape[d] != t->shape[d], ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': rank %d's shape disagrees with the global shape",
+                    mpath, t->name, rank);
+    TPS_FAIL_IF(t->dim >= 0 && (lo > t->shape[t->dim] || lshape[t->dim] > t->shape[t->dim] - lo),
+                ctx, TPS_E_MISMATCH, "%s: tensor '%s': rank %d's rows run past the tensor",
+                mpath, t->name, rank);
+    if (t->dim >= 0 && !v2) {
+        TPS_FAIL_IF(lo != *expect_lo, ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': rank %d starts at %llu along dim %d, expected %llu "
+                    "(shards must cover the dim exactly once, in rank order)",
+                    mpath, t->name, rank, (unsigned long long)lo, t->dim,
+                    (unsigned long long)*expect_lo);
+        *expect_lo += lshape[t->dim];
+    }
+    if (!ck->rank_present[rank]) return TPS_OK;
+    /* Find the rank file holding it. */
+    size_t fi = ck->nfiles;
+    for (size_t j = rank_start[rank]; j < rank_start[rank + 1]; j++)
+        if (strcmp(ck->files[rank_files[j]].name, fn->valuestring) == 0) fi = rank_files[j];
+    TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
+                "%s: tensor '%s': rank %d's file %s is not among the rank files", mpath,
+                t->name, rank, fn->valuestring);
+    const tps_st *st = ck->files[fi].st;
+    const tps_st_tensor_info *si = find_in_file(&ck->files[fi], holder);
+    TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
+                ck->files[fi].path, holder);
+    seen[fi][si - st->t] = 1;
+    TPS_FAIL_IF(si->dtype != stored, ctx, TPS_E_MISMATCH,
+                "%s: tensor '%s' is %s but the manifest says %s", ck->files[fi].path,
+                holder, tps_dtype_name(si->dtype), tps_dtype_name(stored));
+    uint64_t lbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
+    uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
+    if (!hold && !at) {
+        int same = si->ndim == lnd;
+        for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
+        TPS_FAIL_IF(!same && !v2, ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s' has a shape other than the manifest's for rank %d",
+                    ck->files[fi].path, t->name, rank);
+    }
+    TPS_FAIL_IF(ovf || mis || at > si->end - si->begin || pbytes > si->end - si->begin - at,
+                ctx, TPS_E_MISMATCH,
+                "%s: tensor '%s': rank %d's piece of %llu bytes at %llu does not fit in "
+                "'%s' (%llu bytes)",
+                ck->files[fi].path, t->name, rank, (unsigned long long)pbytes,
+                (unsigned long long)at, holder, (unsigned long long)(si->end - si->begin));
+    tps_piece *pc = replica ? --*reps : &t->pieces[t->npieces++];
+    if (replica) t->nreplicas++;
+    pc->file = (int)fi;
+    pc->rank = rank;
+    pc->off = st->data_start + si->begin + at;
+    pc->nbytes = lbytes;
+    pc->fbytes = pbytes;
+    pc->stored = stored;
+    pc->lo = lo;
+    pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
+    pc->holder = holder;
+    pc->at = at;
+    uint64_t c;
+    if (json_u64(crc, &c) && c <= 0xFFFFFFFFu) {
+        pc->crc = (uint32_t)c;
+        pc->has_crc = 1;
+    }
+out:
+    return rc;
+}
+
+/* Tensor t's primaries along its dim cover it exactly once (a version 2
+ * manifest's in any rank order, sorted here), all its ranks present. */
+static tps_err check_cover(tps_ctx *ctx, const tps_ckpt *ck, const shard_rd *S, tps_ctensor *t,
+                           const cJSON *rs, uint64_t expect_lo)
+{
+    const char *mpath = S->mpath;
+    int v2 = S->v2;
+    tps_err rc = TPS_OK;
+    if (t->dim >= 0 && v2) {
+        /* Primaries tile the dim exactly once (in any rank order). */
+        for (int a = 1; a < t->npieces; a++)
+            for (int b = a; b > 0 && t->pieces[b - 1].lo > t->pieces[b].lo; b--) {
+                tps_piece tmp = t->pieces[b];
+                t->pieces[b] = t->pieces[b - 1];
+                t->pieces[b - 1] = tmp;
+            }
+        int complete = 1;
+        for (const cJSON *r = rs->child; r; r = r->next) {
+            const cJSON *rr = cJSON_GetObjectItemCaseSensitive(r, "rank");
+            if (!ck->rank_present[rr->valueint]) complete = 0;
+        }
+        for (int a = 0; complete && a < t->npieces; a++) {
+            TPS_FAIL_IF(t->pieces[a].lo != expect_lo, ctx, TPS_E_MISMATCH,
+                        "%s: tensor '%s': its pieces along dim %d leave a gap or overlap at %llu "
+                        "(each row must be held once, replicas aside)",
+                        mpath, t->name, t->dim, (unsigned long long)expect_lo);
+            expect_lo = t->pieces[a].hi;
+        }
+        if (!complete) expect_lo = t->shape[t->dim];
+    }
+    if (t->dim >= 0)
+        TPS_FAIL_IF(expect_lo != t->shape[t->dim], ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': shards cover %llu of %llu along dim %d", mpath, t->name,
+                    (unsigned long long)expect_lo, (unsigned long long)t->shape[t->dim], t->dim);
+out:
+    return rc;
+}
+
+/* Tensor entry e: the next tensor of ck, its pieces from pool (*used of it
+ * taken). */
+static tps_err read_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const cJSON *e, tps_piece *pool,
+                           size_t *used)
+{
+    const char *mpath = S->mpath;
+    int v2 = S->v2;
+    tps_err rc = TPS_OK;
+    tps_ctensor *t = &ck->t[ck->n++];
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(e, "placement");
+    const cJSON *dm = cJSON_GetObjectItemCaseSensitive(e, "dim");
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(e, "source_file");
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+    TPS_FAIL_IF(!cJSON_IsString(nm), ctx, TPS_E_JSON, "%s: a tensor entry has no name", mpath);
+    t->name = ck_keep(ck, nm->valuestring);
+    TPS_FAIL_IF(!t->name, ctx, TPS_E_NOMEM, "out of memory");
+    const cJSON *df = cJSON_GetObjectItemCaseSensitive(e, "derived_from");
+    TPS_FAIL_IF(df && !cJSON_IsString(df), ctx, TPS_E_JSON,
+                "%s: tensor '%s': derived_from is not a tensor name", mpath, t->name);
+    t->derived_from = df ? ck_keep(ck, df->valuestring) : NULL;
+    const cJSON *sty = cJSON_GetObjectItemCaseSensitive(e, "style");
+    t->style = cJSON_IsString(sty) ? ck_keep(ck, sty->valuestring) : NULL;
+    TPS_FAIL_IF((df && !t->derived_from) || (cJSON_IsString(sty) && !t->style), ctx,
+                TPS_E_NOMEM, "out of memory");
+    TPS_FAIL_IF(!cJSON_IsString(dt) || tps_dtype_from_name(dt->valuestring, &t->dtype), ctx,
+                TPS_E_JSON, "%s: tensor '%s': bad dtype", mpath, t->name);
+    TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), t->shape, &t->ndim),
+                ctx, TPS_E_JSON, "%s: tensor '%s': bad shape", mpath, t->name);
+    TPS_FAIL_IF(!cJSON_IsNumber(dm) || dm->valueint < -1 || dm->valueint >= t->ndim, ctx,
+                TPS_E_JSON, "%s: tensor '%s': bad dim", mpath, t->name);
+    t->dim = dm->valueint;
+    t->placement = tps_strdup(cJSON_IsString(pl) ? pl->valuestring : "?");
+    t->origin = NULL;
+    for (size_t k = 0; k < ck->norigins && !t->origin; k++)
+        if (cJSON_IsString(sf) && !strcmp(ck->origins[k], sf->valuestring)) t->origin = ck->origins[k];
+    TPS_FAIL_IF(!t->origin, ctx, TPS_E_JSON,
+                "%s: tensor '%s' names a source_file that source.files does not list", mpath, t->name);
+    int ovf, mis;
+    t->nbytes = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
+    TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: tensor '%s': bad size", mpath, t->name);
+    TPS_FAIL_IF(!cJSON_IsArray(rs) || (!v2 && cJSON_GetArraySize(rs) != ck->tp), ctx, TPS_E_JSON,
+                "%s: tensor '%s': ranks must list all %d ranks", mpath, t->name, ck->tp);
+    TPS_FAIL_IF(!t->placement, ctx, TPS_E_NOMEM, "out of memory");
+    size_t nr = (size_t)cJSON_GetArraySize(rs);
+    t->nlisted = (int)nr;
+    t->pieces = pool + *used;
+    *used += nr;
+    /* primaries first, replicas at the end of this tensor's share */
+    tps_piece *reps = t->pieces + nr;
+    uint64_t expect_lo = 0;
+    for (const cJSON *r = rs->child; r; r = r->next) {
+        TPS_CHECK(read_rank_entry(ctx, ck, S, t, r, &reps, &expect_lo));
+    }
+    t->replicas = reps;
+    TPS_CHECK(check_cover(ctx, ck, S, t, rs, expect_lo));
+out:
+    return rc;
+}
+
+/* Tensors. */
+static tps_err read_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
+{
+    const char *mpath = S->mpath;
+    const cJSON *m = ck->manifest;
+    tps_err rc = TPS_OK;
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
+    size_t nt = 0, nent = 0;
+    /* A first pass counts them. */
+    js_iter_start(&S->it, &S->sp[0], ts, "tensors");
+    for (const cJSON *e;;) {
+        TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+        if (!e) break;
+        const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
+        nent += cJSON_IsArray(rs) ? (size_t)cJSON_GetArraySize(rs) : 0;
+        nt++;
+    }
+    js_iter_start(&S->it, &S->sp[0], ts, "tensors");
+    TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
+                "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
+                TPS_MAX_MANIFEST_ENTRIES);
+    TPS_CHECK(tps_ck_grow_tensors(ctx, ck, nt));
+    tps_piece *pool = tps_ck_new_pool(ctx, ck, nent ? nent : 1);
+    TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
+    size_t used = 0;
+    for (const cJSON *e;;) {
+        TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+        if (!e) break;
+        TPS_CHECK(read_tensor(ctx, ck, S, e, pool, &used));
+    }
+out:
+    return rc;
+}
+
+/* Rank tensor entry e: the next of ck->rts, its fills, and (its rank
+ * present) the rank file holding it. */
+static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const cJSON *e)
+{
+    const char *mpath = S->mpath;
+    size_t *rank_files = S->rank_files, *rank_start = S->rank_start;
+    unsigned char **seen = S->seen;
+    tps_err rc = TPS_OK;
+    tps_crtensor *rt = &ck->rts[ck->nrts++];
+    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
+    const cJSON *nm = cJSON_GetObjectItemCaseSensitive(e, "name");
+    const cJSON *fn = cJSON_GetObjectItemCaseSensitive(e, "file");
+    const cJSON *dt = cJSON_GetObjectItemCaseSensitive(e, "dtype");
+    const cJSON *ps = cJSON_GetObjectItemCaseSensitive(e, "pieces");
+    uint64_t shape[TPS_MAX_DIMS];
+    int nd = 0, ovf = 0, mis = 0;
+    rt->file = -1;
+    TPS_FAIL_IF(!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= ck->tp ||
+                    !cJSON_IsString(nm) || !cJSON_IsString(fn) || !cJSON_IsString(dt) ||
+                    tps_dtype_from_name(dt->valuestring, &rt->dtype) ||
+                    !json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, &nd) ||
+                    !cJSON_IsArray(ps),
+                ctx, TPS_E_JSON, "%s: malformed rank_tensors entry", mpath);
+    rt->name = ck_keep(ck, nm->valuestring);
+    TPS_FAIL_IF(!rt->name, ctx, TPS_E_NOMEM, "out of memory");
+    rt->rank = rk->valueint;
+    rt->nbytes = tps_nbytes(rt->dtype, shape, nd, &ovf, &mis);
+    TPS_FAIL_IF(ovf || mis, ctx, TPS_E_JSON, "%s: rank tensor '%s': bad size", mpath, rt->name);
+    rt->nfills = (size_t)cJSON_GetArraySize(ps);
+    rt->fills = tps_xcalloc(rt->nfills ? rt->nfills : 1, sizeof *rt->fills);
+    TPS_FAIL_IF(!rt->fills, ctx, TPS_E_NOMEM, "out of memory");
+    size_t k = 0;
+    for (const cJSON *p = ps->child; p; p = p->next, k++) {
+        tps_fill *fl = &rt->fills[k];
+        const cJSON *sj = cJSON_GetObjectItemCaseSensitive(p, "source");
+        const cJSON *val = cJSON_GetObjectItemCaseSensitive(p, "value");
+        TPS_FAIL_IF(!json_u64(cJSON_GetObjectItemCaseSensitive(p, "at"), &fl->at) ||
+                        !json_u64(cJSON_GetObjectItemCaseSensitive(p, "nbytes"), &fl->nbytes),
+                    ctx, TPS_E_JSON, "%s: rank tensor '%s': malformed piece", mpath, rt->name);
+        if (cJSON_IsString(sj)) {
+            fl->kind = TPS_FILL_SOURCE;
+            fl->source = ck_keep(ck, sj->valuestring);
+            TPS_FAIL_IF(!fl->source, ctx, TPS_E_NOMEM, "out of memory");
+        } else if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "zeros"))) {
+            fl->kind = TPS_FILL_ZEROS;
+        } else {
+            TPS_FAIL_IF(!cJSON_IsNumber(val), ctx, TPS_E_JSON,
+                        "%s: rank tensor '%s': a piece is neither source, zeros nor value",
+                        mpath, rt->name);
+            fl->kind = TPS_FILL_VALUE;
+            fl->value = val->valuedouble;
+        }
+    }
+    if (!ck->rank_present[rt->rank]) return TPS_OK;
+    size_t fi = ck->nfiles;
+    for (size_t j = rank_start[rt->rank]; j < rank_start[rt->rank + 1]; j++)
+        if (strcmp(ck->files[rank_files[j]].name, fn->valuestring) == 0) fi = rank_files[j];
+    TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
+                "%s: rank tensor '%s': rank %d's file %s is not among the rank files", mpath,
+                rt->name, rt->rank, fn->valuestring);
+    const tps_st_tensor_info *si = find_in_file(&ck->files[fi], rt->name);
+    TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
+                ck->files[fi].path, rt->name);
+    seen[fi][si - ck->files[fi].st->t] = 1;
+    int same = si->dtype == rt->dtype && si->ndim == nd;
+    for (int d = 0; same && d < nd; d++) same = si->shape[d] == shape[d];
+    TPS_FAIL_IF(!same, ctx, TPS_E_MISMATCH,
+                "%s: tensor '%s' has a dtype or shape other than the manifest's",
+                ck->files[fi].path, rt->name);
+    rt->file = (int)fi;
+    rt->off = ck->files[fi].st->data_start + si->begin;
+out:
+    return rc;
+}
+
+/* A serving layout's other rank tensors: fused, padded, constant. */
+static tps_err read_rank_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
+{
+    const char *mpath = S->mpath;
+    const cJSON *m = ck->manifest;
+    int v2 = S->v2;
+    tps_err rc = TPS_OK;
+    const cJSON *rts = cJSON_GetObjectItemCaseSensitive(m, "rank_tensors");
+    if (v2 && cJSON_IsArray(rts)) {
+        size_t nrt = 0;
+        js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
+        for (const cJSON *e;;) {
+            TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+            if (!e) break;
+            nrt++;
+        }
+        js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
+        TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
+        ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
+        TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
+        for (const cJSON *e;;) {
+            TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+            if (!e) break;
+            TPS_CHECK(read_rank_tensor(ctx, ck, S, e));
+        }
+    }
+out:
+    return rc;
+}
+
+/* A rank file must hold nothing the manifest does not know: every one of
+ * its tensors holds a piece of a source tensor or is one of its rank's
+ * rank_tensors (marked in `seen` as they were found). */
+static tps_err check_seen(tps_ctx *ctx, const tps_ckpt *ck, const shard_rd *S)
+{
+    unsigned char **seen = S->seen;
+    tps_err rc = TPS_OK;
+    for (size_t fi = 0; fi < ck->nfiles; fi++) {
+        const tps_st *st = ck->files[fi].st;
+        for (size_t k = 0; k < st->n; k++)
+            TPS_FAIL_IF(!seen[fi][k], ctx, TPS_E_MISMATCH, "%s: tensor '%s' is not in the manifest",
+                        ck->files[fi].path, st->t[k].name);
+    }
+out:
+    return rc;
+}
+
+static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, const tps_text *tx)
+{
+    shard_rd S = {.mpath = mpath};
+    tps_err rc = TPS_OK;
+    TPS_CHECK(parse_manifest(ctx, ck, &S, tx));
+    TPS_CHECK(read_head(ctx, ck, &S));
+    TPS_CHECK(read_source(ctx, ck, mpath));
+    TPS_CHECK(open_rank_files(ctx, ck, mpath));
+    TPS_CHECK(index_rank_files(ctx, ck, &S));
+    TPS_CHECK(read_tensors(ctx, ck, &S));
+    TPS_CHECK(read_rank_tensors(ctx, ck, &S));
+    TPS_CHECK(tps_ck_sort_and_dedup(ctx, ck));
+    TPS_CHECK(read_untie(ctx, ck, mpath));
+    TPS_CHECK(check_seen(ctx, ck, &S));
+out:
+    cJSON_Delete(S.it.el);
+    for (size_t fi = 0; S.seen && fi < ck->nfiles; fi++) free(S.seen[fi]);
+    free(S.seen);
+    free(S.rank_files);
+    free(S.rank_start);
+    return rc;
+}
+
+/* The manifest mapped when big, its pages let go behind each pass over it
+ * (25 MB of text for 151k rank tensors), read inside a SIGBUS guard: a
+ * manifest cut short by another process while being read fails the open
+ * instead of killing the process (what open_sharded_text had allocated then
+ * is lost: a leak on that error only). */
+tps_err tps_ck_open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    /* on the heap: the scans change it after the sigsetjmp below */
+    tps_text *tx = tps_xcalloc(1, sizeof *tx);
+    if (!tx) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = tps_text_open(ctx, mpath, MAX_JSON_FILE, tx);
+    if (rc) {
+        free(tx);
+        return rc;
+    }
+    int guarded = tx->mapped && tps_guard_hold();
+    tps_guard gd = {.lo = tx->p, .hi = tx->p + tx->len};
+    if (guarded) {
+        if (sigsetjmp(gd.jb, 1)) {
+            tps_guard_leave();
+            tps_guard_release();
+            tps_text_close(tx);
+            free(tx);
+            return tps_fail(ctx, TPS_E_IO, "%s: changed while being read (cut short under its mapping)",
+                            mpath);
+        }
+        tps_guard_enter(&gd);
+    }
+    rc = open_sharded_text(ctx, ck, mpath, tx);
+    if (guarded) {
+        tps_guard_leave();
+        tps_guard_release();
+    }
+    tps_text_close(tx);
+    free(tx);
+    return rc;
+}

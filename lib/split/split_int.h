@@ -1,0 +1,91 @@
+/* split_int.h - what the files of the split stage's copy engine share:
+ * split.c (the engine and tps_split), manifest.c (the manifest it writes)
+ * and join.c (the output directory and the --ranks runs that share it).
+ * Nothing outside lib/split/ includes it. */
+#ifndef TPS_SPLIT_INT_H
+#define TPS_SPLIT_INT_H
+
+#include "internal.h"
+
+typedef struct {
+    int rank, part;
+    char *final, *tmp;
+    int fd;
+    int nparts;      /* of its rank */
+    size_t hdr_len;
+    uint32_t hdr_crc; /* of the hdr_len bytes written: the manifest covers them */
+    uint64_t size;
+} ofile;
+
+/* Where a rank tensor lands: its file and the absolute offset of its bytes. */
+typedef struct {
+    int file;        /* index into files, -1 when the rank is not written */
+    uint64_t off;
+} oslot;
+
+typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2 } task_kind;
+
+/* CONTIG: bytes [a, b) of one region, which are one run of its source
+ * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
+ * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
+ * slices of each row. MULTI: regions g0 .. g0 + ng of small tensors lying
+ * back to back in source file `file` from byte `src` on, b bytes in all,
+ * read in one go (a MoE's experts): each region one run of its tensor, or
+ * all the regions of a tensor split along a later dim, cut from its bytes. */
+typedef struct {
+    task_kind kind;
+    size_t t;        /* source tensor */
+    size_t g0, ng;   /* regions */
+    uint64_t a, b;
+    uint64_t src;    /* CONTIG: source byte of a */
+    int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
+    int file;        /* MULTI: the source file */
+    size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
+} task;
+
+typedef struct {
+    tps_ctx *ctx;
+    const tps_ckpt *ck;
+    const tps_layout *L;
+    const unsigned char *write;
+    int tp;
+    ofile *files;
+    size_t nfiles;
+    oslot *slots;    /* [rank tensor] */
+    size_t *dests;   /* written pieces of each region: dests[dest0[g] .. dest0[g + 1]) */
+    size_t *dest0;
+    task *tasks;
+    size_t ntasks, cap;
+    uint32_t *crcs;
+    uint64_t *crclen;
+    size_t ncrc;
+    uint32_t *region_crc;
+    int *piece_rt;   /* rank tensor of each piece */
+    uint64_t total, done;
+    volatile int failed;
+    tps_err err;
+    int reporting;   /* a thread is in the progress callback */
+    int join;        /* a --ranks run: other runs may be writing into the same directory */
+    int wfd;         /* DIR/.tpshard.writing, held for the whole run (-1: not held) */
+    cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
+    int map;         /* read the source through per-task mappings */
+    size_t page;
+} engine;
+
+/* manifest.c: DIR/tpshard.json, written whole under a temporary name and
+ * renamed into place; a --ranks run's holds the entries of E->prev's ranks. */
+tps_err tps_sp_write_manifest(engine *E, const tps_split_opts *o, const char *plan_source);
+
+/* join.c: the output directory */
+/* Made when missing, claimed, and refused (or, --force, replaced) when it
+ * holds another output; a --ranks run joins the manifest of its split. */
+tps_err tps_sp_prepare_dir(engine *E, const tps_split_opts *o);
+/* The free space the rank files need, counting those they replace. */
+tps_err tps_sp_space_check(tps_ctx *ctx, const engine *E, const char *dir);
+/* After the new files are in place: an older output's leftovers removed. */
+void tps_sp_remove_stale(engine *E, const char *dir);
+/* The manifest written: a --ranks run's under the directory's lock, with
+ * the entries other runs recorded in the meantime. */
+tps_err tps_sp_record_manifest(engine *E, const tps_split_opts *o, const char *plan_source);
+
+#endif
