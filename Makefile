@@ -55,7 +55,8 @@ ifeq ($(CUDA),1)
 CFLAGS   += -DTPS_WITH_CUDA -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
 LDLIBS   += -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -lcudart -lcublas -lnccl -lstdc++ \
             -Wl,-rpath,$(CUDA_HOME)/lib64 -Wl,-rpath,$(NCCL_HOME)/lib
-CUDA_OBJS := build/lib/verify/verify_cuda.o
+CUDA_SRCS := $(wildcard lib/verify/*.cu)
+CUDA_OBJS := $(patsubst %.cu,build/%.o,$(CUDA_SRCS))
 else
 LIB_SRCS += lib/verify/verify_cuda_stub.c
 CUDA_OBJS :=
@@ -108,7 +109,7 @@ build/pic/%.o: %.c $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-build/lib/verify/verify_cuda.o: lib/verify/verify_cuda.cu $(HEADERS) build/.flags
+build/lib/verify/%.o: lib/verify/%.cu $(HEADERS) build/.flags
 	@mkdir -p $(dir $@)
 	$(NVCC) -O2 -std=c++17 -Ilib $(PKG_CFLAGS) -I$(NCCL_HOME)/include -Xcompiler -fPIC \
 	  -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 -c $< -o $@

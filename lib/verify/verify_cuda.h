@@ -1,5 +1,6 @@
 /* verify_cuda.h - the plain C seam between verify.c and the GPU backends
- * (lib/verify/verify_cuda.cu with `make CUDA=1`, verify_cuda_stub.c without).
+ * (lib/verify/verify_cuda.cu, verify_nccl.cu and verify_gpu_jobs.cu with `make CUDA=1`,
+ * verify_cuda_stub.c without).
  *
  * verify.c owns the I/O, the reconstruction, the inputs, the biases, the
  * block activations and the comparison; a GPU backend owns the products and
