@@ -1,4 +1,4 @@
-/* config.json as transformers reads it.
+/* config.c - config.json as transformers reads it.
  *
  * A config.json holds what save_pretrained chose to write: transformers 4.x
  * wrote sub-configs as a diff against the class defaults (Gemma3's
