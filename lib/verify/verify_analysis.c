@@ -173,15 +173,12 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
     return NULL;
 }
 
-tps_err tps_va_analyze_unit(vctx *V, vunit *u)
+/* The unit's slots: ranks 0 .. tp-1 (their own rows, placed later), then
+ * one per replica, which holds its rows already. */
+static tps_err unit_slots(vctx *V, vunit *u)
 {
     const tps_ctensor *ct = u->ct;
     int tp = V->tp;
-    u->dim = ct->dim;
-    u->si = -1;
-    u->bias = -1;
-    u->bias_si = -1;
-    pthread_mutex_init(&u->mu, NULL);
     int ns = tp + ct->nreplicas;
     u->nslot = ns;
     u->slot_rank = malloc(sizeof(int) * (size_t)ns);
@@ -202,17 +199,25 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
             u->len[r] = ct->replicas[r - tp].hi - ct->replicas[r - tp].lo;
         }
     }
-    char miss[256] = "";
-    size_t ml = 0;
+    return TPS_OK;
+}
+
+/* Each rank's piece and its rows: where the serving layout puts them, or
+ * torch.chunk's. miss (msz bytes, *ml used): the ranks whose pieces are
+ * missing from the directory. 1: u->pre says why the unit is not read. */
+static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
+{
+    const tps_ctensor *ct = u->ct;
+    int tp = V->tp;
     if (u->dim >= ct->ndim) {
         u->pre = tps_asprintf("placement dim %d but the tensor has %d dims", u->dim, ct->ndim);
-        return TPS_OK;
+        return 1;
     }
     for (int p = 0; p < ct->npieces; p++) {
         const tps_piece *pc = &ct->pieces[p];
         if (pc->rank < 0 || pc->rank >= tp || u->piece[pc->rank] >= 0) {
             u->pre = tps_asprintf("manifest lists rank %d twice or out of range", pc->rank);
-            return TPS_OK;
+            return 1;
         }
         u->piece[pc->rank] = p;
     }
@@ -222,11 +227,11 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
         char *why = tps_va_layout_mismatch(V, u);
         if (why) {
             u->pre = why;
-            return TPS_OK;
+            return 1;
         }
         if (ct->nreplicas && u->dim != 0) {
             u->pre = tps_asprintf("replicas along dim %d are not verified", u->dim);
-            return TPS_OK;
+            return 1;
         }
         uint64_t at = 0;
         for (int r = 0; r < tp; r++) {
@@ -238,24 +243,37 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
                 u->pre = tps_asprintf("rank %d's rows start at %llu, not where the ranks before "
                                       "it end (%llu)",
                                       r, (unsigned long long)u->lo[r], (unsigned long long)at);
-                return TPS_OK;
+                return 1;
             }
             at = u->lo[r] + u->len[r];
         }
         for (int r = 0; r < tp; r++) {
             int held = u->piece[r] >= 0;
             for (int k = 0; k < ct->nreplicas && !held; k++) held = ct->replicas[k].rank == r;
-            if (!held && V->ck->rank_present && !V->ck->rank_present[r] && ml < sizeof miss - 16)
-                ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+            if (!held && V->ck->rank_present && !V->ck->rank_present[r] && *ml < msz - 16)
+                *ml += (size_t)snprintf(miss + *ml, msz - *ml, "%s%d", *ml ? "," : "", r);
         }
     } else {
         for (int r = 0; r < tp; r++) {
             if (u->dim >= 0) tps_chunk(ct->shape[u->dim], tp, r, &u->lo[r], &u->len[r]);
-            if (u->piece[r] < 0 && ml < sizeof miss - 16)
-                ml += (size_t)snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
+            if (u->piece[r] < 0 && *ml < msz - 16)
+                *ml += (size_t)snprintf(miss + *ml, msz - *ml, "%s%d", *ml ? "," : "", r);
         }
     }
-    /* geometry: [outer, nd, inner] with inner in bytes */
+    return 0;
+}
+
+/* A unit's geometry along its dim: [outer, nd, inner] with inner in bytes
+ * (u->outer, u->nd, u->inner, u->W; outer also here, whatever ovf). */
+typedef struct {
+    uint64_t outer;
+    int ovf;      /* a product of the shape overflows */
+    int bytewise; /* a row is not a whole number of bytes */
+} ugeom;
+
+static ugeom unit_geometry(vunit *u)
+{
+    const tps_ctensor *ct = u->ct;
     unsigned bits = tps_dtype_bits(ct->dtype);
     uint64_t outer = 1, nd = 1, inner_el = 1;
     int ovf = 0;
@@ -275,8 +293,15 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
         u->nd = nd;
         ovf |= tps_mul_ovf(nd, u->inner, &u->W);
     }
-    /* every piece must hold what torch.chunk (or the layout) gives its rank */
-    for (int r = 0; r < ns; r++) {
+    return (ugeom){outer, ovf, bytewise};
+}
+
+/* Every piece must hold what torch.chunk (or the layout) gives its rank,
+ * in bytes and in its file's header. 1: u->pre says why not. */
+static int unit_check_pieces(const vctx *V, vunit *u, const ugeom *g)
+{
+    const tps_ctensor *ct = u->ct;
+    for (int r = 0; r < u->nslot; r++) {
         int p = u->piece[r];
         if (p < 0) continue;
         const tps_piece *pc = tps_va_slot_piece(u, r);
@@ -289,75 +314,89 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
                                       (unsigned long long)pc->hi,
                                       u->dim, (unsigned long long)u->lo[r],
                                       (unsigned long long)(u->lo[r] + u->len[r]));
-                return TPS_OK;
+                return 1;
             }
-            if (!bytewise && !ovf) want = outer * u->len[r] * u->inner;
+            if (!g->bytewise && !g->ovf) want = g->outer * u->len[r] * u->inner;
         }
-        if (!bytewise && !ovf && pc->nbytes != want) {
+        if (!g->bytewise && !g->ovf && pc->nbytes != want) {
             u->pre = tps_asprintf("rank %d's shard has %llu bytes, its shape needs %llu",
                                   u->slot_rank[r],
                                   (unsigned long long)pc->nbytes, (unsigned long long)want);
-            return TPS_OK;
+            return 1;
         }
         char *h = tps_va_check_piece_header(V, u, pc);
         if (h) {
             u->pre = tps_asprintf("rank %d: %s", u->slot_rank[r], h);
             free(h);
-            return TPS_OK;
+            return 1;
         }
     }
-    if (ovf && ct->nbytes) {
-        u->pre = tps_strdup("shape overflows");
-        return TPS_OK;
-    }
-    if (ml)
-        u->pre = tps_asprintf("rank%s %s missing from the directory (was it split with --ranks?)",
-                              strchr(miss, ',') ? "s" : "", miss);
-    /* the source side */
-    if (V->src) {
-        /* An untied head (--untie) was written from its embedding: the tied
-         * source has no head, and the embedding is what it must equal. */
-        u->si = tps_ckpt_find(V->src, ct->derived_from ? ct->derived_from : ct->name);
-        if (u->si < 0) {
-            free(u->pre);
-            u->pre = ct->derived_from
-                         ? tps_asprintf("written from %s, which is not in the source checkpoint",
-                                        ct->derived_from)
-                         : tps_strdup("not in the source checkpoint");
-            return TPS_OK;
-        }
-        const tps_ctensor *sc = &V->src->t[u->si];
-        int same = sc->dtype == ct->dtype && sc->ndim == ct->ndim && sc->nbytes == ct->nbytes;
-        for (int d = 0; same && d < ct->ndim; d++) same = sc->shape[d] == ct->shape[d];
-        if (!same) {
-            free(u->pre);
-            u->pre = tps_asprintf("dtype or shape differs from the source (%s, %d dims)",
-                                  tps_dtype_name(sc->dtype), sc->ndim);
-            u->si = -1;
-            return TPS_OK;
-        }
-    } else {
-        u->si = -1;
-    }
-    /* the reading plan */
+    return 0;
+}
+
+/* The source side: the source tensor the unit must equal (an untied head's
+ * embedding), with the same dtype and shape. 1: u->pre says why not. */
+static int unit_source(vctx *V, vunit *u)
+{
+    const tps_ctensor *ct = u->ct;
     if (!V->src) {
-        u->mode = MODE_CRC;
-        int np = ct->npieces + ct->nreplicas;
-        u->crcpre = calloc((size_t)np + 1, sizeof(uint64_t));
-        if (!u->crcpre) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-        for (int p = 0; p < np; p++) {
-            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
-            uint64_t nb = pc->nbytes;
-            uint64_t c = V->local[pc->rank] ? (nb ? (nb + CHUNK - 1) / CHUNK : 1) : 0;
-            u->crcpre[p + 1] = u->crcpre[p] + c;
-        }
-        u->ntasks = u->crcpre[np];
-        u->crcs = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint32_t));
-        u->crclen = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint64_t));
-        if (!u->crcs || !u->crclen) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
-        if (!u->ntasks) u->ntasks = 1;
-        return TPS_OK;
+        u->si = -1;
+        return 0;
     }
+    /* An untied head (--untie) was written from its embedding: the tied
+     * source has no head, and the embedding is what it must equal. */
+    u->si = tps_ckpt_find(V->src, ct->derived_from ? ct->derived_from : ct->name);
+    if (u->si < 0) {
+        free(u->pre);
+        u->pre = ct->derived_from
+                     ? tps_asprintf("written from %s, which is not in the source checkpoint",
+                                    ct->derived_from)
+                     : tps_strdup("not in the source checkpoint");
+        return 1;
+    }
+    const tps_ctensor *sc = &V->src->t[u->si];
+    int same = sc->dtype == ct->dtype && sc->ndim == ct->ndim && sc->nbytes == ct->nbytes;
+    for (int d = 0; same && d < ct->ndim; d++) same = sc->shape[d] == ct->shape[d];
+    if (!same) {
+        free(u->pre);
+        u->pre = tps_asprintf("dtype or shape differs from the source (%s, %d dims)",
+                              tps_dtype_name(sc->dtype), sc->ndim);
+        u->si = -1;
+        return 1;
+    }
+    return 0;
+}
+
+/* Without a source: a task per chunk of every local piece, for its CRC32. */
+static tps_err unit_plan_crc(vctx *V, vunit *u)
+{
+    const tps_ctensor *ct = u->ct;
+    u->mode = MODE_CRC;
+    int np = ct->npieces + ct->nreplicas;
+    u->crcpre = calloc((size_t)np + 1, sizeof(uint64_t));
+    if (!u->crcpre) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (int p = 0; p < np; p++) {
+        const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+        uint64_t nb = pc->nbytes;
+        uint64_t c = V->local[pc->rank] ? (nb ? (nb + CHUNK - 1) / CHUNK : 1) : 0;
+        u->crcpre[p + 1] = u->crcpre[p] + c;
+    }
+    u->ntasks = u->crcpre[np];
+    u->crcs = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint32_t));
+    u->crclen = calloc(u->ntasks ? u->ntasks : 1, sizeof(uint64_t));
+    if (!u->crcs || !u->crclen) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    if (!u->ntasks) u->ntasks = 1;
+    return TPS_OK;
+}
+
+/* The reading plan: how the unit is cut into tasks (the modes of
+ * verify_task.c). */
+static tps_err unit_plan(vctx *V, vunit *u, const ugeom *g)
+{
+    const tps_ctensor *ct = u->ct;
+    int ns = u->nslot;
+    uint64_t outer = g->outer;
+    if (!V->src) return unit_plan_crc(V, u);
     if (ct->nbytes == 0) {
         u->mode = MODE_NONE;
         u->ntasks = 1;
@@ -369,7 +408,7 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
         u->ntasks = (ct->nbytes + CHUNK - 1) / CHUNK;
         return TPS_OK;
     }
-    if (bytewise) {
+    if (g->bytewise) {
         u->mode = MODE_LOGICAL;
         u->chunk = CHUNK;
         u->ntasks = (ct->nbytes + CHUNK - 1) / CHUNK;
@@ -402,6 +441,34 @@ tps_err tps_va_analyze_unit(vctx *V, vunit *u)
     }
     if (!u->ntasks) u->ntasks = 1;
     return TPS_OK;
+}
+
+/* What unit u must hold and how it is read: its slots and their rows, the
+ * structural checks (u->pre: why its bytes cannot be compared), its source
+ * tensor and its reading plan. */
+tps_err tps_va_analyze_unit(vctx *V, vunit *u)
+{
+    const tps_ctensor *ct = u->ct;
+    u->dim = ct->dim;
+    u->si = -1;
+    u->bias = -1;
+    u->bias_si = -1;
+    pthread_mutex_init(&u->mu, NULL);
+    TPS_TRY(unit_slots(V, u));
+    char miss[256] = "";
+    size_t ml = 0;
+    if (unit_placement(V, u, miss, sizeof miss, &ml)) return TPS_OK;
+    ugeom g = unit_geometry(u);
+    if (unit_check_pieces(V, u, &g)) return TPS_OK;
+    if (g.ovf && ct->nbytes) {
+        u->pre = tps_strdup("shape overflows");
+        return TPS_OK;
+    }
+    if (ml)
+        u->pre = tps_asprintf("rank%s %s missing from the directory (was it split with --ranks?)",
+                              strchr(miss, ',') ? "s" : "", miss);
+    if (unit_source(V, u)) return TPS_OK;
+    return unit_plan(V, u, &g);
 }
 
 /* Numeric kind of a 2-D float weight whose shards are complete. */
@@ -515,6 +582,60 @@ const char *tps_va_short_name(const vunit *u)
 
 /* Finds the blocks and decides how each is checked. Rows for blocks that
  * cannot run numerically are added right away (structure only). */
+/* Why block b's tensors m[0 .. nm_) do not pair (producers colwise with
+ * equal ranges, the consumer rowwise on them), or NULL; sets b->inter. */
+static char *block_mismatch(vctx *V, vblock *b, vunit *const *m, int nm_)
+{
+    int kind = b->kind;
+    vunit *cons = b->cons;
+    char *why = NULL;
+    int prod_ok = 1;
+    for (int k = 0; k < b->nprod; k++) prod_ok &= m[k]->dim == 0 && m[k]->ct->ndim == 2;
+    int cons_ok = cons->dim == 1 && cons->ct->ndim == 2;
+    if (!prod_ok || !cons_ok) {
+        char *pl[3] = {NULL, NULL, NULL};
+        for (int k = 0; k < nm_; k++) pl[k] = tps_va_placement_str(m[k]);
+        if (kind == BLK_MLP)
+            why =
+                tps_asprintf("placements do not pair: gate_proj %s, up_proj %s, down_proj %s; "
+                             "a tensor-parallel MLP needs gate_proj and up_proj Shard(0) "
+                             "(colwise) and down_proj Shard(1) (rowwise)",
+                             pl[0], pl[1], pl[2]);
+        else
+            why = tps_asprintf("placements do not pair: q_proj %s, o_proj %s; tensor-parallel "
+                               "attention needs q_proj Shard(0) (colwise) and o_proj Shard(1) "
+                               "(rowwise)",
+                               pl[0], pl[1]);
+        for (int k = 0; k < 3; k++) free(pl[k]);
+    }
+    if (!why) {
+        uint64_t inter = m[0]->ct->shape[0];
+        b->inter = inter;
+        for (int k = 1; k < b->nprod && !why; k++)
+            if (m[k]->ct->shape[0] != inter || m[k]->ct->shape[1] != m[0]->ct->shape[1])
+                why = tps_asprintf("%s is [%llu, %llu] but %s is [%llu, %llu]",
+                                   tps_va_short_name(m[k]), (unsigned long long)m[k]->ct->shape[0],
+                                   (unsigned long long)m[k]->ct->shape[1], "gate_proj",
+                                   (unsigned long long)inter,
+                                   (unsigned long long)m[0]->ct->shape[1]);
+        if (!why && cons->ct->shape[1] != inter)
+            why = tps_asprintf("%s takes %llu inputs but %s gives %llu",
+                               kind == BLK_MLP ? "down_proj" : "o_proj",
+                               (unsigned long long)cons->ct->shape[1],
+                               kind == BLK_MLP ? "gate_proj" : "q_proj",
+                               (unsigned long long)inter);
+        for (int r = 0; r < V->tp && !why; r++)
+            if (cons->lo[r] != m[0]->lo[r] || cons->len[r] != m[0]->len[r])
+                why = tps_asprintf(
+                    "rank %d: %s columns [%llu, %llu) but %s rows [%llu, %llu)", r,
+                    kind == BLK_MLP ? "down_proj" : "o_proj", (unsigned long long)cons->lo[r],
+                    (unsigned long long)(cons->lo[r] + cons->len[r]),
+                    kind == BLK_MLP ? "gate_proj" : "q_proj", (unsigned long long)m[0]->lo[r],
+                    (unsigned long long)(m[0]->lo[r] + m[0]->len[r]));
+    }
+    return why;
+}
+
 tps_err tps_va_find_blocks(vctx *V)
 {
     V->blk_cap = V->nu ? V->nu : 1;
@@ -567,7 +688,6 @@ tps_err tps_va_find_blocks(vctx *V)
         b->cons = cons;
         atomic_store(&b->ready, -1); /* until proven runnable */
         /* structure: producers colwise with equal ranges, consumer rowwise on them */
-        char *why = NULL;
         int all_rep = 1, any_pre = 0;
         for (int k = 0; k < nm_; k++) {
             all_rep &= m[k]->dim < 0;
@@ -580,50 +700,7 @@ tps_err tps_va_find_blocks(vctx *V)
                 return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
             continue;
         }
-        int prod_ok = 1;
-        for (int k = 0; k < b->nprod; k++) prod_ok &= m[k]->dim == 0 && m[k]->ct->ndim == 2;
-        int cons_ok = cons->dim == 1 && cons->ct->ndim == 2;
-        if (!prod_ok || !cons_ok) {
-            char *pl[3] = {NULL, NULL, NULL};
-            for (int k = 0; k < nm_; k++) pl[k] = tps_va_placement_str(m[k]);
-            if (kind == BLK_MLP)
-                why =
-                    tps_asprintf("placements do not pair: gate_proj %s, up_proj %s, down_proj %s; "
-                                 "a tensor-parallel MLP needs gate_proj and up_proj Shard(0) "
-                                 "(colwise) and down_proj Shard(1) (rowwise)",
-                                 pl[0], pl[1], pl[2]);
-            else
-                why = tps_asprintf("placements do not pair: q_proj %s, o_proj %s; tensor-parallel "
-                                   "attention needs q_proj Shard(0) (colwise) and o_proj Shard(1) "
-                                   "(rowwise)",
-                                   pl[0], pl[1]);
-            for (int k = 0; k < 3; k++) free(pl[k]);
-        }
-        if (!why) {
-            uint64_t inter = m[0]->ct->shape[0];
-            b->inter = inter;
-            for (int k = 1; k < b->nprod && !why; k++)
-                if (m[k]->ct->shape[0] != inter || m[k]->ct->shape[1] != m[0]->ct->shape[1])
-                    why = tps_asprintf("%s is [%llu, %llu] but %s is [%llu, %llu]",
-                                       tps_va_short_name(m[k]), (unsigned long long)m[k]->ct->shape[0],
-                                       (unsigned long long)m[k]->ct->shape[1], "gate_proj",
-                                       (unsigned long long)inter,
-                                       (unsigned long long)m[0]->ct->shape[1]);
-            if (!why && cons->ct->shape[1] != inter)
-                why = tps_asprintf("%s takes %llu inputs but %s gives %llu",
-                                   kind == BLK_MLP ? "down_proj" : "o_proj",
-                                   (unsigned long long)cons->ct->shape[1],
-                                   kind == BLK_MLP ? "gate_proj" : "q_proj",
-                                   (unsigned long long)inter);
-            for (int r = 0; r < V->tp && !why; r++)
-                if (cons->lo[r] != m[0]->lo[r] || cons->len[r] != m[0]->len[r])
-                    why = tps_asprintf(
-                        "rank %d: %s columns [%llu, %llu) but %s rows [%llu, %llu)", r,
-                        kind == BLK_MLP ? "down_proj" : "o_proj", (unsigned long long)cons->lo[r],
-                        (unsigned long long)(cons->lo[r] + cons->len[r]),
-                        kind == BLK_MLP ? "gate_proj" : "q_proj", (unsigned long long)m[0]->lo[r],
-                        (unsigned long long)(m[0]->lo[r] + m[0]->len[r]));
-        }
+        char *why = block_mismatch(V, b, m, nm_);
         if (why) {
             if (tps_va_rep_add(V->R, b->name, kind == BLK_MLP ? "mlp" : "attn", 0, 0, 0, 0, 0, why))
                 return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");

@@ -1,6 +1,7 @@
 /* verify_int.h - what the parts of verify share: its state (units,
- * blocks, jobs), the numeric kernels, the analysis of a shard directory and
- * the report. Private to lib/verify*.c. */
+ * blocks, jobs), the numeric kernels, the analysis of a shard directory,
+ * the jobs and scales, the task runner, the finalization and the report.
+ * Private to lib/verify*.c. */
 #ifndef TPS_VERIFY_INT_H
 #define TPS_VERIFY_INT_H
 
@@ -25,6 +26,9 @@
 #define MAX_BATCH 256
 /* How many tensors after its producers a block's second half is queued. */
 #define STAGE2_LAG 4
+/* tps_vj_rows' same_col0 when a rank's rows are not known to equal the
+ * source rows just staged */
+#define NOT_SAME UINT64_MAX
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
 #define HAVE_DOT_BF16 1
@@ -174,6 +178,24 @@ typedef struct {
 /* ------------------------------------------------------------------ functions */
 
 void tps_va_row_free(tps_verify_row *r);
+/* verify_scales.c: small tensors read whole as f32, an FP8 weight's scales */
+tps_err tps_vs_read_f32(vctx *V, tps_ckpt *ck, size_t t, int piece, uint64_t nel,
+                        float *dst);
+tps_err tps_vs_load_scales(vctx *V, vunit *u, vjob *J);
+void tps_vs_dequant_row(const vjob *J, int side, uint64_t j, uint64_t col0, float *w,
+                        size_t width, int dim);
+/* verify_job.c: a unit's job (its products) and the rows fed to it */
+void tps_vj_free(vctx *V, vjob *J);
+tps_err tps_vj_get(vctx *V, vunit *u, vjob **out);
+tps_err tps_vj_rows(vctx *V, vunit *u, tbuf *tb, int slot, int side, uint64_t row0, uint64_t n,
+                    const unsigned char *bytes, uint64_t same_col0);
+tps_err tps_vj_rows_from_source(vctx *V, vunit *u, int slot, int r, uint64_t row0, uint64_t n,
+                                uint64_t col0, int *done);
+/* verify_task.c: one OpenMP thread's loop over the task queue */
+void tps_vt_work(vctx *V);
+/* verify_finalize.c: finished tensors, in queue order */
+void tps_vf_drain(vctx *V);
+void tps_vf_block_release(vctx *V, vblock *b);
 /* verify_packed.c: a serving layout's packed tensors, several row ranges a rank */
 int tps_vp_is_packed(const vctx *V, size_t i);
 tps_err tps_vp_check(vctx *V, size_t i);

@@ -31,15 +31,175 @@ int tps_vp_is_packed(const vctx *V, size_t i)
     return 0;
 }
 
+/* What the pieces of a packed tensor showed: differing bytes (the first
+ * said in note), and with the products, the outputs off by more than the
+ * tolerance. */
+typedef struct {
+    char *note;
+    uint64_t wrong, total, outs, bad_out;
+    double err, tolmax;
+} vp_tally;
+
+/* Without --source: every piece's CRC32 against the manifest's, one row. */
+static tps_err vp_check_crc(vctx *V, const tps_ctensor *ct)
+{
+    tps_ctx *ctx = V->ctx;
+    int np = ct->npieces + ct->nreplicas;
+    char *note = NULL;
+    uint64_t wrong = 0, total = 0;
+    unsigned char *buf = malloc(1 << 20);
+    if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (int p = 0; p < np; p++) {
+        const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+        uint32_t crc = 0;
+        for (uint64_t a = 0; a < pc->nbytes; a += 1 << 20) {
+            size_t n = (size_t)(pc->nbytes - a < (1 << 20) ? pc->nbytes - a : (1 << 20));
+            tps_err rc = tps_ckpt_read_piece_at(ctx, V->ck, ct, pc, a, buf, n);
+            if (rc) {
+                free(buf);
+                return rc;
+            }
+            crc = tps_crc32(crc, buf, n);
+        }
+        total += pc->nbytes;
+        atomic_fetch_add(&V->bytes, pc->nbytes);
+        if (pc->has_crc && crc != pc->crc) {
+            wrong += pc->nbytes;
+            if (!note)
+                note = tps_asprintf("rank %d's rows [%llu, %llu): CRC32 %08x, the manifest says "
+                                    "%08x",
+                                    pc->rank, (unsigned long long)pc->lo,
+                                    (unsigned long long)pc->hi, crc, pc->crc);
+        }
+    }
+    free(buf);
+    if (tps_va_rep_add(V->R, ct->name, "crc", 0, 0, wrong, total, !wrong, note))
+        return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+    return TPS_OK;
+}
+
+/* n rows of piece p from row r0, a the piece's bytes and b the source's:
+ * the differing bytes counted, the first said. */
+static void vp_compare_rows(const tps_ctensor *ct, int p, const tps_piece *pc, uint64_t r0,
+                            const unsigned char *a, const unsigned char *b, size_t n,
+                            uint64_t rowb, vp_tally *t)
+{
+    if (!memcmp(a, b, n * rowb)) return;
+    uint64_t k = 0;
+    while (k < n * rowb && a[k] == b[k]) k++;
+    uint64_t w = 0;
+    for (uint64_t j = 0; j < n * rowb; j++) w += a[j] != b[j];
+    t->wrong += w;
+    if (!t->note)
+        t->note = tps_asprintf("rank %d's%s row %llu differs from the source's (first at "
+                               "byte %llu of the row)",
+                               pc->rank, p >= ct->npieces ? " replica" : "",
+                               (unsigned long long)(r0 + k / rowb),
+                               (unsigned long long)(k % rowb));
+}
+
+/* n rows of the piece (wa) and of the source (wb) times the seeded inputs
+ * x: each output within the tolerance of the source's. */
+static void vp_products(const float *wa, const float *wb, const float *x, size_t n, int batch,
+                        uint64_t cols, vp_tally *t)
+{
+    for (size_t j = 0; j < n; j++)
+        for (int bb = 0; bb < batch; bb++) {
+            double ys = 0, yr = 0, sabs = 0;
+            const float *xb = x + (size_t)bb * cols;
+            for (uint64_t c = 0; c < cols; c++) {
+                float ps = wa[j * cols + c] * xb[c], pr = wb[j * cols + c] * xb[c];
+                ys += ps;
+                yr += pr;
+                sabs += fabs(pr);
+            }
+            double tol = tps_tolerance(cols, 1, sabs), d = fabs(ys - yr);
+            if (!(d <= tol)) t->bad_out++;
+            if (d > t->err) t->err = d;
+            if (tol > t->tolmax) t->tolmax = tol;
+            t->outs++;
+        }
+}
+
+/* Every piece (replicas too) against source tensor si, in steps of about
+ * 1 MiB of rows; numeric: their products too, with batch inputs. */
+static tps_err vp_compare_source(vctx *V, const tps_ctensor *ct, int si, int numeric, int batch,
+                                 vp_tally *t)
+{
+    tps_ctx *ctx = V->ctx;
+    int np = ct->npieces + ct->nreplicas;
+    uint64_t cols = ct->ndim == 2 ? ct->shape[1] : 0, rowb = ct->nbytes / (ct->shape[0] ? ct->shape[0] : 1);
+    size_t rows_per = (size_t)(rowb && rowb < (1u << 20) ? (1u << 20) / rowb : 1);
+    unsigned char *a = malloc(rows_per * rowb + 1), *b = malloc(rows_per * rowb + 1);
+    float *wa = numeric ? malloc((rows_per * cols + 1) * sizeof(float)) : NULL;
+    float *wb = numeric ? malloc((rows_per * cols + 1) * sizeof(float)) : NULL;
+    float *x = numeric ? malloc(((size_t)batch * cols + 1) * sizeof(float)) : NULL;
+    tps_err rc = TPS_OK;
+    if (!a || !b || (numeric && (!wa || !wb || !x))) {
+        rc = tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+        goto out;
+    }
+    for (int bb = 0; numeric && bb < batch; bb++)
+        for (uint64_t c = 0; c < cols; c++)
+            x[(size_t)bb * cols + c] = tps_input_value(V->o->seed, (uint64_t)bb, c);
+    for (int p = 0; p < np; p++) {
+        const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+        for (uint64_t r0 = pc->lo; r0 < pc->hi; r0 += rows_per) {
+            size_t n = (size_t)(pc->hi - r0 < rows_per ? pc->hi - r0 : rows_per);
+            uint64_t poff = (r0 - pc->lo) * rowb;
+            if ((rc = tps_ckpt_read_piece_at(ctx, V->ck, ct, pc, poff, a, n * rowb))) goto out;
+            if ((rc = tps_ckpt_read(ctx, V->src, (size_t)si, r0 * rowb, b, n * rowb))) goto out;
+            atomic_fetch_add(&V->bytes, n * rowb);
+            t->total += n * rowb;
+            vp_compare_rows(ct, p, pc, r0, a, b, n, rowb, t);
+            if (!numeric) continue;
+            if ((rc = tps_to_f32(ct->dtype, a, wa, n * cols) ? TPS_E_FORMAT : TPS_OK) ||
+                (rc = tps_to_f32(ct->dtype, b, wb, n * cols) ? TPS_E_FORMAT : TPS_OK)) {
+                rc = tps_fail(ctx, rc, "verify: %s: cannot convert %s to f32", ct->name,
+                              tps_dtype_name(ct->dtype));
+                goto out;
+            }
+            vp_products(wa, wb, x, n, batch, cols, t);
+        }
+    }
+out:
+    free(a);
+    free(b);
+    free(wa);
+    free(wb);
+    free(x);
+    return rc;
+}
+
+/* The rows of a packed tensor compared with its source: reconstruct, and
+ * with the products, colwise. */
+static tps_err vp_report(vctx *V, const tps_ctensor *ct, int numeric, vp_tally *t)
+{
+    char *rn = t->note ? t->note
+                       : tps_asprintf("packed: %d row ranges on %d ranks (%d replicas), each "
+                                      "against the source's rows",
+                                      ct->npieces, V->tp, ct->nreplicas);
+    t->note = NULL;
+    if (tps_va_rep_add(V->R, ct->name, "reconstruct", 0, 0, t->wrong, t->total, !t->wrong, rn))
+        return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    if (numeric &&
+        tps_va_rep_add(V->R, ct->name, "colwise", t->err, t->tolmax, t->bad_out, t->outs,
+                       !t->bad_out,
+                       t->bad_out ? tps_asprintf("%llu of %llu outputs of the packed rows off by "
+                                                 "more than the tolerance",
+                                                 (unsigned long long)t->bad_out,
+                                                 (unsigned long long)t->outs)
+                                  : NULL))
+        return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    return TPS_OK;
+}
+
 tps_err tps_vp_check(vctx *V, size_t i)
 {
     tps_ctx *ctx = V->ctx;
     const tps_ctensor *ct = &V->ck->t[i];
     int np = ct->npieces + ct->nreplicas;
-    uint64_t cols = ct->ndim == 2 ? ct->shape[1] : 0, rowb = ct->nbytes / (ct->shape[0] ? ct->shape[0] : 1);
     char *note = NULL;
-    uint64_t wrong = 0, total = 0, outs = 0, bad_out = 0;
-    double err = 0, tolmax = 0;
     int absent = 0;
     vunit tmp = {.t = i, .ct = ct};
     char *why = tps_va_layout_mismatch(V, &tmp);
@@ -64,37 +224,7 @@ tps_err tps_vp_check(vctx *V, size_t i)
         return TPS_OK;
     }
     int si = V->src ? tps_ckpt_find(V->src, ct->name) : -1;
-    if (!V->src) { /* the manifest's CRC32s */
-        unsigned char *buf = malloc(1 << 20);
-        if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
-        for (int p = 0; p < np; p++) {
-            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
-            uint32_t crc = 0;
-            for (uint64_t a = 0; a < pc->nbytes; a += 1 << 20) {
-                size_t n = (size_t)(pc->nbytes - a < (1 << 20) ? pc->nbytes - a : (1 << 20));
-                tps_err rc = tps_ckpt_read_piece_at(ctx, V->ck, ct, pc, a, buf, n);
-                if (rc) {
-                    free(buf);
-                    return rc;
-                }
-                crc = tps_crc32(crc, buf, n);
-            }
-            total += pc->nbytes;
-            atomic_fetch_add(&V->bytes, pc->nbytes);
-            if (pc->has_crc && crc != pc->crc) {
-                wrong += pc->nbytes;
-                if (!note)
-                    note = tps_asprintf("rank %d's rows [%llu, %llu): CRC32 %08x, the manifest says "
-                                        "%08x",
-                                        pc->rank, (unsigned long long)pc->lo,
-                                        (unsigned long long)pc->hi, crc, pc->crc);
-            }
-        }
-        free(buf);
-        if (tps_va_rep_add(V->R, ct->name, "crc", 0, 0, wrong, total, !wrong, note))
-            return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
-        return TPS_OK;
-    }
+    if (!V->src) return vp_check_crc(V, ct); /* the manifest's CRC32s */
     if (si < 0) return TPS_OK; /* reported as missing from the source by the caller */
     const tps_ctensor *st = &V->src->t[si];
     if (st->dtype != ct->dtype || st->ndim != ct->ndim || st->nbytes != ct->nbytes) {
@@ -107,91 +237,9 @@ tps_err tps_vp_check(vctx *V, size_t i)
     }
     int numeric = ct->ndim == 2 && tps_va_numeric_dtype(ct->dtype) && V->q == NULL;
     int batch = V->batch < 4 ? V->batch : 4;
-    size_t rows_per = (size_t)(rowb && rowb < (1u << 20) ? (1u << 20) / rowb : 1);
-    unsigned char *a = malloc(rows_per * rowb + 1), *b = malloc(rows_per * rowb + 1);
-    float *wa = numeric ? malloc((rows_per * cols + 1) * sizeof(float)) : NULL;
-    float *wb = numeric ? malloc((rows_per * cols + 1) * sizeof(float)) : NULL;
-    float *x = numeric ? malloc(((size_t)batch * cols + 1) * sizeof(float)) : NULL;
-    tps_err rc = TPS_OK;
-    if (!a || !b || (numeric && (!wa || !wb || !x))) {
-        rc = tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
-        goto out;
-    }
-    for (int bb = 0; numeric && bb < batch; bb++)
-        for (uint64_t c = 0; c < cols; c++)
-            x[(size_t)bb * cols + c] = tps_input_value(V->o->seed, (uint64_t)bb, c);
-    for (int p = 0; p < np; p++) {
-        const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
-        for (uint64_t r0 = pc->lo; r0 < pc->hi; r0 += rows_per) {
-            size_t n = (size_t)(pc->hi - r0 < rows_per ? pc->hi - r0 : rows_per);
-            uint64_t poff = (r0 - pc->lo) * rowb;
-            if ((rc = tps_ckpt_read_piece_at(ctx, V->ck, ct, pc, poff, a, n * rowb))) goto out;
-            if ((rc = tps_ckpt_read(ctx, V->src, (size_t)si, r0 * rowb, b, n * rowb))) goto out;
-            atomic_fetch_add(&V->bytes, n * rowb);
-            total += n * rowb;
-            if (memcmp(a, b, n * rowb)) {
-                uint64_t k = 0;
-                while (k < n * rowb && a[k] == b[k]) k++;
-                uint64_t w = 0;
-                for (uint64_t j = 0; j < n * rowb; j++) w += a[j] != b[j];
-                wrong += w;
-                if (!note)
-                    note = tps_asprintf("rank %d's%s row %llu differs from the source's (first at "
-                                        "byte %llu of the row)",
-                                        pc->rank, p >= ct->npieces ? " replica" : "",
-                                        (unsigned long long)(r0 + k / rowb),
-                                        (unsigned long long)(k % rowb));
-            }
-            if (!numeric) continue;
-            if ((rc = tps_to_f32(ct->dtype, a, wa, n * cols) ? TPS_E_FORMAT : TPS_OK) ||
-                (rc = tps_to_f32(ct->dtype, b, wb, n * cols) ? TPS_E_FORMAT : TPS_OK)) {
-                rc = tps_fail(ctx, rc, "verify: %s: cannot convert %s to f32", ct->name,
-                              tps_dtype_name(ct->dtype));
-                goto out;
-            }
-            for (size_t j = 0; j < n; j++)
-                for (int bb = 0; bb < batch; bb++) {
-                    double ys = 0, yr = 0, sabs = 0;
-                    const float *xb = x + (size_t)bb * cols;
-                    for (uint64_t c = 0; c < cols; c++) {
-                        float ps = wa[j * cols + c] * xb[c], pr = wb[j * cols + c] * xb[c];
-                        ys += ps;
-                        yr += pr;
-                        sabs += fabs(pr);
-                    }
-                    double tol = tps_tolerance(cols, 1, sabs), d = fabs(ys - yr);
-                    if (!(d <= tol)) bad_out++;
-                    if (d > err) err = d;
-                    if (tol > tolmax) tolmax = tol;
-                    outs++;
-                }
-        }
-    }
-    {
-        char *rn = note ? note
-                        : tps_asprintf("packed: %d row ranges on %d ranks (%d replicas), each "
-                                       "against the source's rows",
-                                       ct->npieces, V->tp, ct->nreplicas);
-        note = NULL;
-        if (tps_va_rep_add(V->R, ct->name, "reconstruct", 0, 0, wrong, total, !wrong, rn)) {
-            rc = tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
-            goto out;
-        }
-        if (numeric &&
-            tps_va_rep_add(V->R, ct->name, "colwise", err, tolmax, bad_out, outs, !bad_out,
-                           bad_out ? tps_asprintf("%llu of %llu outputs of the packed rows off by "
-                                                  "more than the tolerance",
-                                                  (unsigned long long)bad_out,
-                                                  (unsigned long long)outs)
-                                   : NULL))
-            rc = tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
-    }
-out:
-    free(note);
-    free(a);
-    free(b);
-    free(wa);
-    free(wb);
-    free(x);
+    vp_tally t = {0};
+    tps_err rc = vp_compare_source(V, ct, si, numeric, batch, &t);
+    if (!rc) rc = vp_report(V, ct, numeric, &t);
+    free(t.note);
     return rc;
 }
