@@ -40,9 +40,9 @@ CFLAGS  += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-# lib/ by stage (see lib/README): common/ <- model/, quant/ <- plan/ <- layout/ <- split/, verify/.
+# lib/ by stage (see lib/README.md): common/ <- model/ <- quant/ <- plan/ <- layout/ <- split/, verify/ <- front/.
 # The generated plan and layout tables sit in lib/ itself.
-LIB_DIRS := common model quant plan layout split verify
+LIB_DIRS := common model quant plan layout split verify front
 LIB_SRCS := $(filter-out lib/verify/verify_cuda_stub.c lib/%_gen.c,$(wildcard lib/*.c $(LIB_DIRS:%=lib/%/*.c))) \
             lib/plans_gen.c lib/layouts_gen.c
 LIB_SRCS := $(sort $(LIB_SRCS))
