@@ -202,15 +202,21 @@ def test_other_names():
 
 # ------------------------------------------------------------ 2. num_key_value_heads
 
-def test_kv_default():
-    d = os.path.join(TMP, "llama-nokv")
-    gen.main(["llama", d, "--heads", "4", "--kv-heads", "4", "--layers", "1"])
+def without_kv(d):
+    """Removes num_key_value_heads from d/config.json; returns the config left."""
     cj = os.path.join(d, "config.json")
     with open(cj) as f:
         j = json.load(f)
     del j["num_key_value_heads"]
     with open(cj, "w") as f:
         json.dump(j, f)
+    return j
+
+
+def test_kv_default():
+    d = os.path.join(TMP, "llama-nokv")
+    gen.main(["llama", d, "--heads", "4", "--kv-heads", "4", "--layers", "1"])
+    j = without_kv(d)
     # The same checkpoint with the default spelled out: the rank files must be
     # byte for byte those of the config that says so.
     e = os.path.join(TMP, "llama-kv4")
@@ -239,12 +245,7 @@ def test_kv_default():
            "llama without num_key_value_heads: every layout reads 4 KV heads", repr(kv))
     q = os.path.join(TMP, "qwen2-nokv")
     gen.main(["qwen2", q, "--heads", "4", "--kv-heads", "4", "--layers", "1"])
-    cj = os.path.join(q, "config.json")
-    with open(cj) as f:
-        j = json.load(f)
-    del j["num_key_value_heads"]
-    with open(cj, "w") as f:
-        json.dump(j, f)
+    without_kv(q)
     want_kv = transformers.AutoConfig.from_pretrained(q).num_key_value_heads
     for lay in ("dtensor", "vllm", "sglang"):
         out = os.path.join(TMP, f"qwen2-nokv-{lay}")
@@ -268,12 +269,7 @@ def test_kv_default_other_families():
     for fam in ("mistral", "qwen3"):
         d = os.path.join(TMP, f"{fam}-nokv2")
         gen.main([fam, d, "--heads", "8", "--kv-heads", "2", "--hidden", "64", "--layers", "1"])
-        cj = os.path.join(d, "config.json")
-        with open(cj) as f:
-            j = json.load(f)
-        del j["num_key_value_heads"]
-        with open(cj, "w") as f:
-            json.dump(j, f)
+        without_kv(d)
         want_kv = transformers.AutoConfig.from_pretrained(d).num_key_value_heads
         for lay in ("dtensor", "vllm", "sglang"):
             for tp in (2, 4):
