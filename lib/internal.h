@@ -667,21 +667,40 @@ int tps_module_match(const char *pattern, const char *module, size_t mlen);
 /* ------------------------------------------------------------------ quantized checkpoints (lib/quant/) */
 
 /* How a scale follows its weight. */
-typedef enum { TPS_QS_TENSOR = 0, TPS_QS_CHANNEL, TPS_QS_BLOCK, TPS_QS_KINDS } tps_qscale;
+typedef enum { TPS_QS_TENSOR = 0, TPS_QS_CHANNEL, TPS_QS_BLOCK, TPS_QS_GROUP, TPS_QS_KINDS } tps_qscale;
 #define TPS_QS_ALL ((1u << TPS_QS_KINDS) - 1)
-extern const char *const tps_qscale_names[TPS_QS_KINDS];   /* "tensor", "channel", "block" */
-extern const char *const tps_qscale_labels[TPS_QS_KINDS];  /* "per-tensor", "per-channel", "block" */
-typedef enum { TPS_QR_PLAIN = 0, TPS_QR_WEIGHT, TPS_QR_SCALE, TPS_QR_INPUT_SCALE } tps_qrole;
+extern const char *const tps_qscale_names[TPS_QS_KINDS];   /* "tensor", "channel", "block", "group" */
+extern const char *const tps_qscale_labels[TPS_QS_KINDS];  /* "per-tensor", "per-channel", "block", "per-group" */
+/* ZEROS: a packed weight's zero points; UNUSED: a tensor the method stores
+ * that no engine loads (GPTQ's g_idx). */
+typedef enum {
+    TPS_QR_PLAIN = 0,
+    TPS_QR_WEIGHT,
+    TPS_QR_SCALE,
+    TPS_QR_INPUT_SCALE,
+    TPS_QR_ZEROS,
+    TPS_QR_UNUSED
+} tps_qrole;
 
 typedef struct tps_quant tps_quant;
 
 /* A tensor a method stores beside a quantized weight X.weight, named
  * X<suffix> (".weight_scale_inv"): a scale of the kinds it may hold, or a
- * static input scale (one value). */
+ * static input scale (one value). Packed methods (bits 4, 8 in int32 words)
+ * store X<weight_suffix> instead of X.weight and name every part, the
+ * weight included. */
 typedef struct {
     const char *suffix;
-    tps_qrole role;   /* TPS_QR_SCALE or TPS_QR_INPUT_SCALE */
+    tps_qrole role;   /* TPS_QR_WEIGHT, _SCALE, _INPUT_SCALE, _ZEROS or _UNUSED */
     unsigned kinds;   /* bit per tps_qscale */
+    /* packed methods: how the part's [rows, columns] follow the weight's
+     * [in, out] (the transposed storage of GPTQ): dim 0 holds input
+     * features (in_div 1), groups of them (in_div: the group size) or
+     * packed words of them (in_div: the pack factor); dim 1 output
+     * features, or packed words of them (out_packed) */
+    int in_by;        /* 0: in / 1, 1: in / group, 2: in / pack factor */
+    int out_packed;
+    const char *why;  /* UNUSED: why no engine loads it */
 } tps_qpart;
 
 /* One weight's scales as a dequantize kernel reads them, in f32: the
@@ -710,11 +729,15 @@ typedef struct {
     /* w[0..width) = weight row j (global) from global column col0, in f32,
      * times its scales */
     void (*dequant_row)(const tps_qscales *s, uint64_t j, uint64_t col0, float *w, size_t width);
+    /* packed methods: the quantized weight's name (".qweight"), NULL for
+     * X.weight; the weight codes' bits come from the config (q->bits) */
+    const char *weight_suffix;
 } tps_qmethod;
 
 extern const tps_qmethod *const tps_qmethods[];
 extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
+extern const tps_qmethod tps_qm_gptq;                /* lib/quant/gptq.c */
 
 struct tps_quant {
     const tps_qmethod *m;
@@ -724,7 +747,11 @@ struct tps_quant {
     int *partner;            /* WEIGHT: its scale; (INPUT_)SCALE: its weight; else -1 */
     int *input;              /* WEIGHT: its input scale, or -1 */
     tps_qscale *kind;        /* SCALE: per tensor, channel or block */
+    int *zeros;              /* WEIGHT of a packed method: its zero points, or -1 */
     size_t nquant;           /* quantized weights */
+    /* packed methods: code bits, input features per group (-1: one group) */
+    int bits;
+    int64_t group;
 };
 
 /* The quantization of ck: NULL (*out) when config.json has none. Refuses
@@ -733,6 +760,9 @@ struct tps_quant {
  * naming the tensor. */
 tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out);
 void tps_quant_free(tps_quant *q);
+/* Why a packed method's checkpoint (q->m->weight_suffix) cannot be written
+ * by a layout (NULL: the DTensor layout); a static buffer of this thread. */
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout);
 /* [bn, bk] of a config: two positive integers, or an error naming where. */
 tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
                            uint64_t *bn, uint64_t *bk);

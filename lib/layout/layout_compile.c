@@ -411,7 +411,13 @@ static tps_err check_quant_served(cstate *C)
     const tps_lspec *s = L->spec;
     const tps_ckpt *ck = C->ck;
     char detail[512];
-    if (L->q && s->refuse_scales) {
+    if (L->q && L->q->m->weight_suffix) { /* packed codes: no layout writes them yet */
+        snprintf(detail, sizeof detail, "%s", tps_quant_packed_reason(L->q, s ? s->name : NULL));
+        TPS_TRY(tps_lc_add_check(C, "quantization served", 0, detail));
+        refuse(C, "%s", detail);
+        return TPS_OK;
+    }
+    if (L->q && s && s->refuse_scales) {
         for (size_t i = 0; i < ck->n; i++)
             if (L->q->role[i] == TPS_QR_SCALE && (s->refuse_scales >> L->q->kind[i] & 1u)) {
                 snprintf(detail, sizeof detail,
@@ -563,6 +569,8 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
         TPS_CHECK(run_layout_checks(&C));
         if (C.why[0]) goto out;
     }
+    if (!s) TPS_CHECK(check_quant_served(&C));
+    if (C.why[0]) goto out;
     /* The tied head: a checkpoint without one writes it from the embedding. */
     int emb = -1;
     TPS_CHECK(tps_lc_tied_head(&C, &emb));

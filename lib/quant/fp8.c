@@ -104,15 +104,15 @@ static tps_err ct_config(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_
 /* quant_method fp8 names block scales weight_scale_inv; AutoFP8's
  * per-tensor (and per-channel) ones are weight_scale. */
 static const tps_qpart fp8_parts[] = {
-    {".weight_scale_inv", TPS_QR_SCALE, TPS_QS_ALL},
-    {".weight_scale", TPS_QR_SCALE, BIT(TPS_QS_TENSOR) | BIT(TPS_QS_CHANNEL)},
-    {".input_scale", TPS_QR_INPUT_SCALE, BIT(TPS_QS_TENSOR)},
+    {.suffix = ".weight_scale_inv", .role = TPS_QR_SCALE, .kinds = TPS_QS_ALL},
+    {.suffix = ".weight_scale", .role = TPS_QR_SCALE, .kinds = BIT(TPS_QS_TENSOR) | BIT(TPS_QS_CHANNEL)},
+    {.suffix = ".input_scale", .role = TPS_QR_INPUT_SCALE, .kinds = BIT(TPS_QS_TENSOR)},
 };
 
 static const tps_qpart ct_parts[] = {
-    {".weight_scale_inv", TPS_QR_SCALE, TPS_QS_ALL},
-    {".weight_scale", TPS_QR_SCALE, TPS_QS_ALL},
-    {".input_scale", TPS_QR_INPUT_SCALE, BIT(TPS_QS_TENSOR)},
+    {.suffix = ".weight_scale_inv", .role = TPS_QR_SCALE, .kinds = TPS_QS_ALL},
+    {.suffix = ".weight_scale", .role = TPS_QR_SCALE, .kinds = TPS_QS_ALL},
+    {.suffix = ".input_scale", .role = TPS_QR_INPUT_SCALE, .kinds = BIT(TPS_QS_TENSOR)},
 };
 
 const tps_qmethod tps_qm_fp8 = {

@@ -20,10 +20,11 @@ static int has_suffix(const char *s, const char *suf, size_t *stem)
     return 1;
 }
 
-const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8};
+const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq};
 const size_t tps_nqmethods = sizeof tps_qmethods / sizeof tps_qmethods[0];
-const char *const tps_qscale_names[TPS_QS_KINDS] = {"tensor", "channel", "block"};
-const char *const tps_qscale_labels[TPS_QS_KINDS] = {"per-tensor", "per-channel", "block"};
+const char *const tps_qscale_names[TPS_QS_KINDS] = {"tensor", "channel", "block", "group"};
+const char *const tps_qscale_labels[TPS_QS_KINDS] = {"per-tensor", "per-channel", "block",
+                                                     "per-group"};
 
 /* Tensors of methods not in the table: a checkpoint holding them is refused
  * by name, whatever its config says. */
@@ -36,6 +37,7 @@ void tps_quant_free(tps_quant *q)
     free(q->partner);
     free(q->input);
     free(q->kind);
+    free(q->zeros);
     free(q);
 }
 
@@ -186,6 +188,123 @@ static tps_err place_scale(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q, size_
     return TPS_OK;
 }
 
+/* A packed method's part p of weight X (stem) should be [rows, cols]: from
+ * the weight's [in, out] as the part table says. */
+static void packed_shape(const tps_quant *q, const tps_qpart *p, uint64_t in, uint64_t out,
+                         uint64_t *rows, uint64_t *cols)
+{
+    uint64_t pf = (uint64_t)(32 / q->bits), groups = q->group < 0 ? 1 : in / (uint64_t)q->group;
+    *rows = p->in_by == 0 ? in : p->in_by == 1 ? groups : in / pf;
+    *cols = p->out_packed ? out / pf : out;
+}
+
+/* The parts of a packed method (GPTQ), checked against its config: every
+ * X<weight_suffix> needs every part, each of the shape the bits and the
+ * group size give; a part without its weight is an error. */
+static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
+{
+    const tps_qmethod *m = q->m;
+    uint64_t pf = (uint64_t)(32 / q->bits);
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        size_t stem;
+        const tps_qpart *p = part_of(m, t->name, &stem);
+        if (!p) {
+            for (size_t j = 0; j < sizeof foreign_parts / sizeof foreign_parts[0]; j++)
+                if (has_suffix(t->name, foreign_parts[j], &stem))
+                    return tps_fail(ctx, TPS_E_REJECT,
+                                    "%s: tensor '%s' is not a tensor of quant_method %s: a "
+                                    "checkpoint of two methods is not supported",
+                                    ck->path, t->name, m->name);
+            continue;
+        }
+        char *wn = tps_asprintf("%.*s%s", (int)stem, t->name, m->weight_suffix);
+        if (!wn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        int w = tps_ckpt_find(ck, wn);
+        if (w < 0) {
+            tps_err rc = tps_fail(ctx, TPS_E_SHAPE, "%s: tensor '%s' has no quantized weight "
+                                  "'%s' beside it", ck->path, t->name, wn);
+            free(wn);
+            return rc;
+        }
+        free(wn);
+        const tps_ctensor *wt = &ck->t[w];
+        if (wt->ndim != 2 || !m->weight_dtype(wt->dtype))
+            return tps_fail(ctx, TPS_E_SHAPE,
+                            "%s: quantized weight '%s' is %s %d-D: quant_method %s stores it I32 "
+                            "[in / %llu, out] (%d-bit codes, %llu to a word)",
+                            ck->path, wt->name, tps_dtype_name(wt->dtype), wt->ndim, m->name,
+                            (unsigned long long)pf, q->bits, (unsigned long long)pf);
+        uint64_t in = wt->shape[0] * pf, out = wt->shape[1];
+        if (q->group > 0 && in % (uint64_t)q->group)
+            return tps_fail(ctx, TPS_E_SHAPE,
+                            "%s: quantized weight '%s' [%llu, %llu] holds %llu input features "
+                            "(%llu rows of %llu %d-bit codes), which quantization_config."
+                            "group_size %lld does not divide",
+                            ck->path, wt->name, (unsigned long long)wt->shape[0],
+                            (unsigned long long)out, (unsigned long long)in,
+                            (unsigned long long)wt->shape[0], (unsigned long long)pf, q->bits,
+                            (long long)q->group);
+        if (p->role == TPS_QR_WEIGHT) {
+            q->role[i] = TPS_QR_WEIGHT;
+            q->nquant++;
+            /* every part the method stores beside it */
+            for (size_t j = 0; j < m->nparts; j++) {
+                const tps_qpart *pj = &m->parts[j];
+                if (pj->role == TPS_QR_WEIGHT) continue;
+                char *pn = tps_asprintf("%.*s%s", (int)stem, t->name, pj->suffix);
+                if (!pn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+                int k = tps_ckpt_find(ck, pn);
+                if (k < 0 && pj->role != TPS_QR_UNUSED) {
+                    tps_err rc = tps_fail(ctx, TPS_E_SHAPE,
+                                          "%s: quantized weight '%s' has no '%s' beside it: it "
+                                          "cannot be dequantized",
+                                          ck->path, wt->name, pn);
+                    free(pn);
+                    return rc;
+                }
+                free(pn);
+                if (pj->role == TPS_QR_SCALE) q->partner[i] = k;
+                if (pj->role == TPS_QR_ZEROS) q->zeros[i] = k;
+            }
+            continue;
+        }
+        int ok = p->role == TPS_QR_UNUSED ? t->ndim == 1 && t->shape[0] == in : t->ndim == 2;
+        uint64_t rows = 0, cols = 0;
+        if (p->role != TPS_QR_UNUSED) {
+            packed_shape(q, p, in, out, &rows, &cols);
+            ok = ok && t->shape[0] == rows && t->shape[1] == cols && (!p->out_packed || out % pf == 0);
+        }
+        int dt_ok = p->role == TPS_QR_SCALE ? tps_dtype_is_float(t->dtype) : t->dtype == TPS_I32;
+        if (!ok || !dt_ok) {
+            char want[96];
+            if (p->role == TPS_QR_UNUSED)
+                snprintf(want, sizeof want, "I32 [%llu]", (unsigned long long)in);
+            else
+                snprintf(want, sizeof want, "%s [%llu, %llu]",
+                         p->role == TPS_QR_SCALE ? "a float dtype" : "I32",
+                         (unsigned long long)rows, (unsigned long long)cols);
+            return tps_fail(ctx, TPS_E_SHAPE,
+                            "%s: tensor '%s' is %s [%llu%s%llu], but its weight '%s' [%llu, "
+                            "%llu] holds %llu x %llu features in %d-bit codes with "
+                            "quantization_config.group_size %lld, so it must be %s%s",
+                            ck->path, t->name, tps_dtype_name(t->dtype),
+                            t->ndim ? (unsigned long long)t->shape[0] : 0ULL,
+                            t->ndim > 1 ? ", " : "",
+                            t->ndim > 1 ? (unsigned long long)t->shape[1] : 0ULL, wt->name,
+                            (unsigned long long)wt->shape[0], (unsigned long long)out,
+                            (unsigned long long)out, (unsigned long long)in, q->bits,
+                            (long long)q->group, want,
+                            p->out_packed && out % pf ? " (and out divisible by the codes a word holds)"
+                                                      : "");
+        }
+        q->role[i] = p->role;
+        q->partner[i] = w;
+        if (p->role == TPS_QR_SCALE) q->kind[i] = q->group < 0 ? TPS_QS_CHANNEL : TPS_QS_GROUP;
+    }
+    return TPS_OK;
+}
+
 /* Every tensor that is a part of a quantized weight, given its role. */
 static tps_err find_parts(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_quant *q)
 {
@@ -240,11 +359,13 @@ tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out)
     q->partner = tps_xmalloc(n * sizeof *q->partner);
     q->input = tps_xmalloc(n * sizeof *q->input);
     q->kind = tps_xcalloc(n, sizeof *q->kind);
-    TPS_FAIL_IF(!q->role || !q->partner || !q->input || !q->kind, ctx, TPS_E_NOMEM,
+    q->zeros = tps_xmalloc(n * sizeof *q->zeros);
+    TPS_FAIL_IF(!q->role || !q->partner || !q->input || !q->kind || !q->zeros, ctx, TPS_E_NOMEM,
                 "out of memory");
-    for (size_t i = 0; i < ck->n; i++) q->partner[i] = q->input[i] = -1;
+    for (size_t i = 0; i < ck->n; i++) q->partner[i] = q->input[i] = q->zeros[i] = -1;
     if (qc) TPS_CHECK(method_of(ctx, ck, qc, q));
-    TPS_CHECK(find_parts(ctx, ck, qc, q));
+    if (q->m && q->m->weight_suffix) TPS_CHECK(bind_packed(ctx, ck, q));
+    else TPS_CHECK(find_parts(ctx, ck, qc, q));
     if (!qc) {
         tps_quant_free(q);
         q = NULL;
@@ -274,6 +395,13 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     }
     if (!q) return TPS_OK;
     v->method = q->method_name;
+    if (q->m->weight_suffix) { /* read and checked, but no layout writes it yet */
+        tps_fail(ctx, TPS_E_REJECT, "%s", tps_quant_packed_reason(q, NULL));
+        v->problem = tps_ctx_errmsg(ctx);
+        v->weights = q->nquant;
+        tps_quant_free(q);
+        return TPS_OK;
+    }
     v->supported = 1;
     v->block_rows = q->bn;
     v->block_cols = q->bk;
@@ -287,4 +415,23 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     }
     tps_quant_free(q);
     return TPS_OK;
+}
+
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout)
+{
+    static _Thread_local char buf[512];
+    if (layout)
+        snprintf(buf, sizeof buf,
+                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
+                 "supported yet by layout %s: the engine fuses and splits the packed weights, "
+                 "their scales and zero points along the output features, on whole words and "
+                 "groups, and tpshard does not write that yet",
+                 q->method_name, q->bits, (long long)q->group, layout);
+    else
+        snprintf(buf, sizeof buf,
+                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
+                 "supported by layout dtensor: no DTensor consumer loads packed weights; the "
+                 "serving layouts (vllm, sglang) do not write it yet either",
+                 q->method_name, q->bits, (long long)q->group);
+    return buf;
 }

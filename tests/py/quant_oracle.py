@@ -958,3 +958,98 @@ def describe(model_dir):
     if sch is None:
         return "unquantized"
     return f"{sch['method']} {sch['kind']}" + (f" {list(sch['block'])}" if sch["block"] else "")
+
+
+# ------------------------------------------------------------------ GPTQ
+
+def gptq_model(bits=4, group=128, seed=5, H=256, I=512, A=4, K=2, D=64, V=300):
+    """A one-layer LLaMA in GPTQ as AutoGPTQ writes it: per linear (out, in)
+    qweight I32 [in / pf, out] (pf = 32 // bits codes a word, along in),
+    scales F16 [groups, out], qzeros I32 [groups, out / pf] (along out),
+    g_idx I32 [in]; groups = in // group (1 for -1). Codes and zeros are
+    real packed integers: zero point 2**(bits-1) - 1 stored (sym GPTQ)."""
+    rng = np.random.default_rng(seed)
+    pf = 32 // bits
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
+              "intermediate_size": I, "num_attention_heads": A, "num_key_value_heads": K,
+              "head_dim": D, "num_hidden_layers": 1, "vocab_size": V, "rms_norm_eps": 1e-6,
+              "tie_word_embeddings": False, "torch_dtype": "float16",
+              "quantization_config": {"quant_method": "gptq", "bits": bits, "group_size": group,
+                                      "desc_act": False, "sym": True,
+                                      "checkpoint_format": "gptq"}}
+    t = {}
+
+    def f16(*shape):
+        return ("F16", list(shape), rng.standard_normal(shape).astype(np.float16).tobytes())
+
+    def pack(codes, axis):
+        """codes (unsigned, < 2**bits) packed pf to an int32 word along axis."""
+        c = np.moveaxis(codes.astype(np.uint32), axis, -1)
+        c = c.reshape(c.shape[:-1] + (c.shape[-1] // pf, pf))
+        w = np.zeros(c.shape[:-1], dtype=np.uint32)
+        for k in range(pf):
+            w |= c[..., k] << np.uint32(bits * k)
+        return np.moveaxis(w, -1, axis).astype("<u4").view("<i4")
+
+    t["model.embed_tokens.weight"] = f16(V, H)
+    t["lm_head.weight"] = f16(V, H)
+    t["model.norm.weight"] = f16(H)
+    p = "model.layers.0."
+    t[p + "input_layernorm.weight"] = f16(H)
+    t[p + "post_attention_layernorm.weight"] = f16(H)
+    shapes = {"self_attn.q_proj": (A * D, H), "self_attn.k_proj": (K * D, H),
+              "self_attn.v_proj": (K * D, H), "self_attn.o_proj": (H, A * D),
+              "mlp.gate_proj": (I, H), "mlp.up_proj": (I, H), "mlp.down_proj": (H, I)}
+    for m, (out, inn) in shapes.items():
+        groups = 1 if group == -1 else inn // group
+        q = rng.integers(0, 2 ** bits, size=(inn, out))
+        z = np.full((groups, out), 2 ** (bits - 1) - 1)
+        t[p + m + ".qweight"] = ("I32", [inn // pf, out], pack(q, 0).tobytes())
+        t[p + m + ".qzeros"] = ("I32", [groups, out // pf], pack(z, 1).tobytes())
+        t[p + m + ".scales"] = ("F16", [groups, out],
+                                (rng.random((groups, out)) * 0.01 + 1e-3).astype(np.float16)
+                                .tobytes())
+        t[p + m + ".g_idx"] = ("I32", [inn],
+                               (np.arange(inn) // (inn if group == -1 else group))
+                               .astype("<i4").tobytes())
+    return config, t
+
+
+def gptq_check(config, tensors):
+    """What vLLM 0.33 refuses of a GPTQ checkpoint, and shapes that disagree
+    with its config: Refused(rule "input" or "quant_method") naming the
+    field or tensor; None when it is one vLLM loads."""
+    qc = config["quantization_config"]
+    bits, group = qc.get("bits"), qc.get("group_size")
+    if bits not in (4, 8):
+        raise Refused(f"bits = {bits}: only 4 and 8", ["bits"], "quant_method")
+    if group not in (-1, 32, 64, 128):
+        raise Refused(f"group_size = {group}", ["group_size"], "quant_method")
+    if qc.get("sym") is False:
+        raise Refused("asymmetric GPTQ", ["sym"], "quant_method")
+    if qc.get("desc_act") and group != -1:
+        raise Refused("desc_act with groups", ["desc_act"], "quant_method")
+    pf = 32 // bits
+    for n in sorted(tensors):
+        for suf in (".qzeros", ".scales", ".g_idx"):
+            if n.endswith(suf) and n[: -len(suf)] + ".qweight" not in tensors:
+                raise Refused(f"{n} without its qweight", [n], "input")
+    for n in sorted(tensors):
+        if not n.endswith(".qweight"):
+            continue
+        m = n[: -len(".qweight")]
+        dt, (rows, out), _ = tensors[n]
+        inn = rows * pf
+        if group != -1 and inn % group:
+            raise Refused(f"{n}: {inn} input features, group {group}", [n], "input")
+        groups = 1 if group == -1 else inn // group
+        want = {".scales": [groups, out], ".qzeros": [groups, out // pf], ".g_idx": [inn]}
+        for suf, shape in want.items():
+            if m + suf not in tensors:
+                if suf == ".g_idx":
+                    continue
+                raise Refused(f"{n} without {m + suf}", [n, m + suf], "input")
+            if list(tensors[m + suf][1]) != shape or (suf == ".qzeros" and out % pf):
+                raise Refused(f"{m + suf} is {tensors[m + suf][1]}, not {shape}", [m + suf],
+                              "input")
+    return None

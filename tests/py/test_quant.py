@@ -357,7 +357,10 @@ def refusals():
     for kind in qo.UNSUPPORTED:
         d, method = qo.unsupported_model(os.path.join(TMP, "u-" + re.sub(r"\W+", "_", kind)), kind)
         for layout in ("dtensor", "vllm"):
-            check_refusal(f"{kind}", d, 2, layout, [method], extra=("not supported yet",))
+            # GPTQ is read (and its input checked) now: the DTensor layout
+            # refuses its packed words for good, the serving ones for now
+            extra = ("packed",) if method == "gptq" and layout == "dtensor" else ("not supported yet",)
+            check_refusal(f"{kind}", d, 2, layout, [method], extra=extra)
 
 
 def bad_inputs():
@@ -398,6 +401,65 @@ def bad_inputs():
         check_refusal(label, d, 2, "dtensor", [must])
         if preset == "fp8-block-llama" and "block_size" not in label:
             check_refusal(label, d, 2, "vllm", [must])
+
+
+def gptq():
+    """GPTQ checkpoints (the oracle's writer): ones vLLM loads are refused by
+    every layout with its reason; bad ones with the field or tensor named."""
+    L = "model.layers.0."
+    for bits, group, desc in ((4, 128, False), (8, 128, False), (4, -1, True), (8, 64, False)):
+        config, tensors = qo.gptq_model(bits, group)
+        config["quantization_config"]["desc_act"] = desc
+        if qo.gptq_check(config, tensors) is not None:
+            report(False, f"gptq {bits}-bit group {group}: the oracle accepts it")
+            continue
+        d = qo.write_model(os.path.join(TMP, f"g-{bits}-{group}"), config, tensors)
+        for layout, tp in (("dtensor", 1), ("dtensor", 2), ("vllm", 2), ("vllm", 4),
+                           ("sglang", 2)):
+            extra = ("packed", "DTensor") if layout == "dtensor" else ("not supported yet",)
+            check_refusal(f"gptq {bits}-bit group {group}", d, tp, layout, ["gptq"], extra=extra)
+
+    def put(name, dt, shape):
+        return lambda t: t.__setitem__(name, (dt, shape, bytes((2 if dt == "F16" else 4) * shape[0] * shape[1])))
+
+    qc = lambda **kw: (lambda c: c["quantization_config"].update(**kw))  # noqa: E731
+    cases = [  # (label, tensor edit, config edit, the name the error must contain)
+        ("scales of the wrong groups", put(L + "mlp.down_proj.scales", "F16", [2, 256]), None,
+         L + "mlp.down_proj.scales"),
+        ("qzeros not packed by the bits", put(L + "self_attn.k_proj.qzeros", "I32", [2, 128]),
+         None, L + "self_attn.k_proj.qzeros"),
+        ("a group size that does not divide its dim",
+         put(L + "self_attn.o_proj.qweight", "I32", [20, 256]), None,
+         L + "self_attn.o_proj.qweight"),
+        ("missing scales", lambda t: t.pop(L + "mlp.up_proj.scales"), None,
+         L + "mlp.up_proj.scales"),
+        ("missing qzeros", lambda t: t.pop(L + "mlp.gate_proj.qzeros"), None,
+         L + "mlp.gate_proj.qzeros"),
+        ("qzeros without their qweight", put(L + "mlp.extra_proj.qzeros", "I32", [2, 32]), None,
+         L + "mlp.extra_proj.qzeros"),
+        ("3-bit codes", None, qc(bits=3), "bits"),
+        ("2-bit codes", None, qc(bits=2), "bits"),
+        ("asymmetric", None, qc(sym=False), "sym"),
+        ("desc_act with groups", None, qc(desc_act=True), "desc_act"),
+        ("group size 256", None, qc(group_size=256), "group_size"),
+    ]
+    for label, edit, cedit, must in cases:
+        config, tensors = qo.gptq_model()
+        if edit:
+            edit(tensors)
+        if cedit:
+            cedit(config)
+        try:
+            qo.gptq_check(config, tensors)
+            report(False, f"gptq bad input {label}: the oracle agrees", "accepted")
+            continue
+        except qo.Refused as e:
+            if must not in e.names:
+                report(False, f"gptq bad input {label}: the oracle agrees", e.reason)
+                continue
+        d = qo.write_model(os.path.join(TMP, "gb-" + re.sub(r"\W+", "_", label)), config, tensors)
+        for layout in ("dtensor", "vllm"):
+            check_refusal(f"gptq bad input {label}", d, 2, layout, [must])
 
 
 # ------------------------------------------------------------------ inspect and plan
@@ -475,7 +537,7 @@ def main():
                 import traceback
                 report(False, f"quant verify {layout} {preset} tp {tp} raised {type(e).__name__}",
                        traceback.format_exc())
-    for t in (refusals, bad_inputs, inspect_and_plan):
+    for t in (refusals, bad_inputs, gptq, inspect_and_plan):
         try:
             t()
         except Exception as e:  # noqa: BLE001

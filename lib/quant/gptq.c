@@ -1,0 +1,97 @@
+/* gptq.c - GPTQ (quant_method gptq, as AutoGPTQ and GPTQModel write it):
+ * what its config says, and the tensors it stores per linear X:
+ *
+ *   X.qweight  I32 [in / pf, out]       codes of `bits` bits, pf = 32 / bits
+ *                                       of them per word along the input dim
+ *   X.scales   float [groups, out]      groups = in / group_size (1 when -1)
+ *   X.qzeros   I32 [groups, out / pf]   zero points, packed along the output dim
+ *   X.g_idx    I32 [in]                 the group of each input feature: no
+ *                                       engine loads it
+ *
+ * w[o][i] = (q[i][o] - z[g][o]) * s[g][o], g = i / group_size. Only what
+ * vLLM 0.33 loads is accepted (layers/quantization/auto_gptq.py): symmetric
+ * codes of 4 or 8 bits, group sizes -1, 32, 64 and 128 (the Marlin kernels'),
+ * desc_act only without groups (utils/gptq_utils.py refuses it otherwise). */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static int is_i32(tps_dtype d) { return d == TPS_I32; }
+
+/* quantization_config's field `key`: a boolean (*v), or an error naming it. */
+static tps_err flag(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, const char *key, int dflt,
+                    int *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(qc, key);
+    if (!x || cJSON_IsNull(x)) {
+        *v = dflt;
+        return TPS_OK;
+    }
+    if (!cJSON_IsBool(x))
+        return tps_fail(ctx, TPS_E_CONFIG, "%s: quantization_config.%s must be true or false",
+                        ck->path, key);
+    *v = cJSON_IsTrue(x);
+    return TPS_OK;
+}
+
+static tps_err gptq_config(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_quant *q)
+{
+    const cJSON *b = cJSON_GetObjectItemCaseSensitive(qc, "bits");
+    const cJSON *g = cJSON_GetObjectItemCaseSensitive(qc, "group_size");
+    if (!cJSON_IsNumber(b) || b->valuedouble != floor(b->valuedouble))
+        return tps_fail(ctx, TPS_E_CONFIG, "%s: quantization_config.bits is %s, not an integer",
+                        ck->path, b ? "not a number" : "missing");
+    if (b->valuedouble != 4 && b->valuedouble != 8)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.bits = %g: GPTQ with %g-bit codes is not "
+                        "supported (vLLM 0.33 loads 4 and 8 bits only)",
+                        ck->path, b->valuedouble, b->valuedouble);
+    if (!cJSON_IsNumber(g) || g->valuedouble != floor(g->valuedouble))
+        return tps_fail(ctx, TPS_E_CONFIG,
+                        "%s: quantization_config.group_size is %s, not an integer", ck->path,
+                        g ? "not a number" : "missing");
+    int64_t gs = (int64_t)g->valuedouble;
+    if (gs != -1 && gs != 32 && gs != 64 && gs != 128)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.group_size = %lld: not supported (vLLM 0.33's "
+                        "GPTQ kernels take -1, 32, 64 and 128)",
+                        ck->path, (long long)gs);
+    int sym, desc;
+    TPS_TRY(flag(ctx, ck, qc, "sym", 1, &sym));
+    TPS_TRY(flag(ctx, ck, qc, "desc_act", 0, &desc));
+    if (!sym)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.sym = false: asymmetric GPTQ is not supported "
+                        "(vLLM 0.33 refuses it: Unsupported quantization config)",
+                        ck->path);
+    if (desc && gs != -1)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.desc_act = true with group_size %lld: GPTQ "
+                        "group activation ordering is not supported (vLLM 0.33 refuses it)",
+                        ck->path, (long long)gs);
+    q->bits = (int)b->valuedouble;
+    q->group = gs;
+    return TPS_OK;
+}
+
+#define BIT(k) (1u << (k))
+
+static const tps_qpart gptq_parts[] = {
+    {".qweight", TPS_QR_WEIGHT, 0, 2, 0, NULL},
+    {".scales", TPS_QR_SCALE, BIT(TPS_QS_GROUP) | BIT(TPS_QS_CHANNEL), 1, 0, NULL},
+    {".qzeros", TPS_QR_ZEROS, 0, 1, 1, NULL},
+    {".g_idx", TPS_QR_UNUSED, 0, 0, 0,
+     "GPTQ's input feature groups: vLLM 0.33 discards it (QuantizationConfig's weight "
+     "mapper maps .g_idx to None)"},
+};
+
+const tps_qmethod tps_qm_gptq = {
+    .name = "gptq",
+    .what = "GPTQ 4- and 8-bit symmetric codes packed in int32 words",
+    .read_config = gptq_config,
+    .weight_dtype = is_i32,
+    .parts = gptq_parts,
+    .nparts = sizeof gptq_parts / sizeof gptq_parts[0],
+    .weight_suffix = ".qweight",
+};
