@@ -544,6 +544,7 @@ typedef struct {
     tps_lbias *bias;
     size_t nbias;
     int has_bias;
+    int whole;     /* split: replicate: every part whole on every rank (else by rows) */
     int line;
 } tps_lfuse;
 
@@ -558,10 +559,16 @@ typedef struct {
 } tps_lrule;
 
 /* Source tensors the engine's load_weights skips: a name holding one of
- * `contains`, for the model types listed (none: every one). */
+ * `contains`, or (layers_past) a tensor of a layer numbered at or past the
+ * config's count `layers_past` (the MTP layers after num_hidden_layers), for
+ * the model types listed (none: every one). */
 typedef struct {
     char **contains;
     size_t ncontains;
+    char *layers_past; /* config field, or NULL */
+    char *layers_extra; /* with layers_past: the config count of the layers after it that the
+                         * checkpoint may hold (num_nextn_predict_layers); a tensor of a layer
+                         * past both is refused */
     char **model_types;
     size_t nmt;
     char *reason;
@@ -606,8 +613,22 @@ typedef struct {
     char *router_as; /* the name the engine gives it (relative to the same parent) */
     tps_lstack *stacks;
     size_t nstacks;
+    char **model_types; /* only for these (none: every one) */
+    size_t nmt;
     int line;
 } tps_lexperts;
+
+/* A rank tensor under a module matching `patterns` (the first components of
+ * its name) is written under the module's parent plus `as` instead: vLLM's
+ * DeepSeek keeps o_proj as self_attn.mla_attn.o_proj. */
+typedef struct {
+    char **patterns;
+    size_t npat;
+    char *as;
+    char **model_types;
+    size_t nmt;
+    int line;
+} tps_lrename;
 
 /* A layout check: reject_if (a condition), or quotient (field == a / b when
  * the field is set). */
@@ -617,6 +638,7 @@ typedef struct {
     tps_cond cond;      /* reject_if */
     int is_quotient;
     char *field, *num, *den; /* quotient */
+    char *divisible;    /* divisible: FIELD % tp == 0 */
     int line;
 } tps_lcheck;
 
@@ -656,6 +678,8 @@ typedef struct tps_lspec {
     tps_lkey *keys;   /* given (has_keys): a tensor no rule places and no key names is refused */
     size_t nkeys;
     int has_keys;
+    tps_lrename *renames;
+    size_t nrenames;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
@@ -862,6 +886,10 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L);
 /* Bytes of a region's element row geometry: [outer, n, inner]. */
 void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, uint64_t *row,
                      uint64_t *s, uint64_t *l);
+
+/* The layer a tensor belongs to: the first all-digit component of its
+ * module path ("model.layers.12.self_attn.k_proj.weight": 12), or -1. */
+int tps_layer_of_name(const char *name);
 
 /* Bytes of tensor i on rank r under the layout. */
 uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);

@@ -50,7 +50,7 @@ static int style_dim(tps_style s, const char *param)
 
 /* The layer a tensor belongs to: the first all-digit component of its
  * module path ("model.layers.12.self_attn.k_proj.weight": 12), or -1. */
-static int layer_of(const char *name)
+int tps_layer_of_name(const char *name)
 {
     const char *end = strrchr(name, '.');
     for (const char *c = name; end && c < end;) {
@@ -84,7 +84,7 @@ static void head_shape(const tps_layout *L, const tps_layers *ly, size_t i, cons
                        head_state *hs)
 {
     const tps_ctensor *t = &L->ck->t[i];
-    int d = L->p[i].dim, layer = layer_of(t->name);
+    int d = L->p[i].dim, layer = tps_layer_of_name(t->name);
     if (hs->bad || layer < 0 || d < 0 || d >= t->ndim) return;
     int64_t heads, kv, hd, cnt;
     const char *from[3], *cfrom;

@@ -433,7 +433,7 @@ static tps_err check_quant_served(cstate *C)
     return TPS_OK;
 }
 
-/* The layout file's checks (reject_if, quotient), each an outcome plan shows. */
+/* The layout file's checks (reject_if, quotient, divisible), each an outcome plan shows. */
 static tps_err run_layout_checks(cstate *C)
 {
     const tps_lspec *s = C->L->spec;
@@ -443,7 +443,25 @@ static tps_err run_layout_checks(cstate *C)
         const tps_lcheck *c = &s->checks[k];
         if (c->when && !tps_cond_eval(c->when, ck->config)) continue;
         int bad = 0;
-        if (c->is_quotient) {
+        if (c->divisible) {
+            int pf;
+            uint64_t f = tps_lc_config_count(ck->config, c->divisible, &pf);
+            if (!pf || !f) {
+                char *lack = pf ? NULL : tps_config_lacks(c->divisible);
+                snprintf(detail, sizeof detail, "config.json %s%s: %s",
+                         pf ? "has no usable count in " : "", pf ? c->divisible : lack ? lack :
+                         "lacks it", c->reason);
+                free(lack);
+                bad = 1;
+            } else if (f % (uint64_t)C->tp) {
+                char works[300];
+                tps_lc_works_list(works, sizeof works, f, 0, tps_lc_ok_divides);
+                snprintf(detail, sizeof detail,
+                         "%s = %llu is not divisible by tp %d (tp values that work: %s): %s",
+                         c->divisible, (unsigned long long)f, C->tp, works, c->reason);
+                bad = 1;
+            }
+        } else if (c->is_quotient) {
             int pf, pn, pd;
             uint64_t f = tps_lc_config_count(ck->config, c->field, &pf);
             uint64_t a = tps_lc_config_count(ck->config, c->num, &pn);
@@ -580,6 +598,7 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     if (!tps_lc_ep_served(&C)) goto out;
     /* what the engine's load_weights skips: no rank file holds it */
     TPS_CHECK(tps_lc_drop(&C));
+    if (C.why[0]) goto out;
     if (s) {
         TPS_CHECK(tps_lc_compile_experts(&C));
         if (C.why[0]) goto out;

@@ -267,6 +267,7 @@ tps_err tps_lc_compile_experts(cstate *C)
     int any = 0;
     for (size_t xi = 0; xi < s->nexperts && !C->why[0]; xi++) {
         const tps_lexperts *x = &s->experts[xi];
+        if (!tps_lc_type_listed(x->model_types, x->nmt, ck->config)) continue;
         for (size_t i = 0; i < ck->n && !C->why[0];) {
             size_t ml, ll;
             uint64_t e;

@@ -1,5 +1,6 @@
 /* layout_finish.c - finishing a compiled layout: regions sorted into
- * source order, rank tensors by rank then name (two of one name on a rank
+ * source order, rank tensors renamed as the layout's rename entries say,
+ * then sorted by rank and name (two of one name on a rank
  * refused), which rank tensors are simple copies, every source tensor's
  * pieces indexed (each source byte must land in some rank file); and the
  * checks list the stages append to (add_check). */
@@ -57,11 +58,50 @@ static tps_err sort_regions(cstate *C)
     return TPS_OK;
 }
 
+/* The layout's rename entries: a rank tensor under a module matching one
+ * (its name's first components) goes under that module's parent + `as`
+ * (vLLM's DeepSeek: self_attn.o_proj as self_attn.mla_attn.o_proj). */
+static tps_err rename_rts(cstate *C)
+{
+    const tps_lspec *s = C->L->spec;
+    tps_layout *L = C->L;
+    for (size_t k = 0; s && s->nrenames && k < L->nrt; k++) {
+        const char *nm = L->rt[k].name;
+        for (size_t e = 0; e < s->nrenames; e++) {
+            const tps_lrename *rn = &s->renames[e];
+            if (!tps_lc_type_listed(rn->model_types, rn->nmt, C->ck->config)) continue;
+            const char *hit = NULL;
+            size_t pos = 0;
+            for (size_t q = 0; q < rn->npat && !hit; q++) {
+                size_t comps = 1;
+                for (const char *c = rn->patterns[q]; *c; c++) comps += *c == '.';
+                const char *d = nm;
+                for (size_t n = 0; d && n < comps; n++) d = strchr(n ? d + 1 : d, '.');
+                if (!d) continue;
+                if (tps_module_match(rn->patterns[q], nm, (size_t)(d - nm))) {
+                    hit = rn->patterns[q];
+                    pos = (size_t)(d - nm);
+                }
+            }
+            if (!hit) continue;
+            const char *par = memrchr(nm, '.', pos);
+            size_t pl = par ? (size_t)(par - nm) : 0;
+            char *nn = tps_lc_own_name(C, tps_asprintf("%.*s%s%s%s", (int)pl, nm, pl ? "." : "",
+                                                       rn->as, nm + pos));
+            if (!nn) return nomem(C);
+            L->rt[k].name = nn;
+            break;
+        }
+    }
+    return TPS_OK;
+}
+
 tps_err tps_lc_finish(cstate *C)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
     TPS_TRY(sort_regions(C));
+    TPS_TRY(rename_rts(C));
     /* Rank tensors sorted by rank, then name; pieces stay where they are
      * (each tensor keeps its piece0/npieces). */
     qsort(L->rt, L->nrt, sizeof *L->rt, rt_cmp);

@@ -1,7 +1,8 @@
 /* layout_fuse.c - fused projections: a layout file's fuse entries
  * (q/k/v into qkv_proj, gate/up into gate_up_proj) found in the checkpoint,
  * each part split on whole heads or evenly and the ranks' parts
- * concatenated; the parts as sections of one packed tensor of the plan
+ * concatenated, or (split: replicate, DeepSeek's fused_qkv_a_proj) every
+ * part whole on every rank; the parts as sections of one packed tensor of the plan
  * (Phi-3's qkv_proj); whether the engine's fused module has a bias for this
  * config (the fuse-bias conditions). Scales of fused weights are in
  * layout_scales.c, the engine's extra entries beside a fused module in
@@ -60,6 +61,10 @@ static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const c
     if (sk == TPS_SPLIT_REFUSE) {
         refuse(C, "tensor '%s': %s (layout %s)", t->name, why, L->spec->name);
         return 0;
+    }
+    if (f->whole) { /* every rank holds the whole part, whatever the plan's style */
+        *heads = 0;
+        return 1;
     }
     if (sk != TPS_SPLIT_ROWS) {
         refuse(C, "layout %s fuses '%s' into %s.%s, but the plan does not split it by rows "
@@ -189,8 +194,13 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
         uint64_t lo[16], len[16], total = 0;
         for (size_t j = 0; j < f->nparts; j++) {
             /* checked above: every part splits at this tp */
-            tps_lc_part_rows(nrows[j], heads[j], f->parts[j].replicate, C->tp, r, L->spec->exact,
-                             &lo[j], &len[j]);
+            if (f->whole) {
+                lo[j] = 0;
+                len[j] = nrows[j];
+            } else {
+                tps_lc_part_rows(nrows[j], heads[j], f->parts[j].replicate, C->tp, r,
+                                 L->spec->exact, &lo[j], &len[j]);
+            }
             total += len[j];
         }
         uint64_t shape[TPS_MAX_DIMS];

@@ -169,6 +169,12 @@ static const char *drop_reason(const tps_lspec *s, const cJSON *config, const ch
     for (size_t k = 0; k < s->ndrops; k++) {
         const tps_ldrop *d = &s->drops[k];
         if (!tps_lc_type_listed(d->model_types, d->nmt, config)) continue;
+        if (d->layers_past) {
+            int present, layer = tps_layer_of_name(name);
+            uint64_t n = tps_lc_config_count(config, d->layers_past, &present);
+            if (present && layer >= 0 && (uint64_t)layer >= n) return d->reason;
+            continue;
+        }
         for (size_t j = 0; j < d->ncontains; j++)
             if (strstr(name, d->contains[j])) return d->reason;
     }
@@ -183,6 +189,24 @@ tps_err tps_lc_drop(cstate *C)
     const tps_lspec *s = L->spec;
     const tps_ckpt *ck = C->ck;
     for (size_t i = 0; s && i < ck->n; i++) {
+        int layer = tps_layer_of_name(ck->t[i].name);
+        for (size_t k = 0; layer >= 0 && k < s->ndrops; k++) {
+            const tps_ldrop *d = &s->drops[k];
+            if (!d->layers_extra || !tps_lc_type_listed(d->model_types, d->nmt, ck->config))
+                continue;
+            int pp, pe;
+            uint64_t past = tps_lc_config_count(ck->config, d->layers_past, &pp);
+            uint64_t extra = tps_lc_config_count(ck->config, d->layers_extra, &pe);
+            if (pp && (uint64_t)layer >= past + extra) {
+                refuse(C, "tensor '%s' is in layer %d, but config.json's %s = %llu and %s = "
+                          "%llu%s leave no such layer (layout %s): the checkpoint does not "
+                          "match its config.json",
+                       ck->t[i].name, layer, d->layers_past, (unsigned long long)past,
+                       d->layers_extra, (unsigned long long)extra, pe ? "" : " (not set)",
+                       s->name);
+                return TPS_OK;
+            }
+        }
         const char *why = drop_reason(s, ck->config, ck->t[i].name);
         if (!why) continue;
         if (!L->dropped && !(L->dropped = tps_xcalloc(ck->n, sizeof *L->dropped)))

@@ -1,7 +1,7 @@
 /* lspec.c - reading a layout file (plans/layouts/NAME.yaml, how an engine's
  * rank files differ from the plan's DTensor shards) into a tps_lspec:
- * overrides, fuse and experts entries, drops, keys, checks, scales, tied
- * and vocabulary settings (tps_lspec_parse, tps_lspec_free). The YAML tree
+ * overrides, fuse and experts entries, drops, keys, renames, checks,
+ * scales, tied and vocabulary settings (tps_lspec_parse, tps_lspec_free). The YAML tree
  * and schema helpers are plan_yaml.c's. */
 #include "plan_int.h"
 
@@ -66,14 +66,28 @@ static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
 
 static tps_err parse_ldrop(const pctx *pc, const ynode *m, tps_ldrop *d)
 {
-    static const char *const known[] = {"contains", "model_types", "reason"};
-    const ynode *v[3];
-    TPS_TRY(tps_pl_map_fields(pc, m, "drop entry", known, 3, v));
+    static const char *const known[] = {"contains", "model_types", "reason", "layers_past",
+                                        "layers_extra"};
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "drop entry", known, 5, v));
+    if (v[4] && !v[3])
+        return tps_pl_perr(pc, v[4]->line, "'layers_extra' counts layers after 'layers_past'");
+    if (v[4]) {
+        TPS_TRY(tps_pl_get_str(pc, v[4], "layers_extra", &d->layers_extra));
+        TPS_TRY(tps_pl_check_field_name(pc, v[4], "layers_extra"));
+    }
     d->line = m->line;
-    if (!v[0] || !v[2])
+    if (!v[0] == !v[3] || !v[2])
         return tps_pl_perr(pc, m->line,
-                           "a drop entry needs 'contains' (parts of the names the engine's "
-                                 "load_weights skips) and 'reason'");
+                           "a drop entry needs one of 'contains' (parts of the names the "
+                           "engine's load_weights skips) or 'layers_past' (a config count of "
+                           "layers), and 'reason'");
+    if (v[3]) {
+        TPS_TRY(tps_pl_get_str(pc, v[3], "layers_past", &d->layers_past));
+        TPS_TRY(tps_pl_check_field_name(pc, v[3], "layers_past"));
+        if (v[1]) TPS_TRY(tps_pl_get_str_list(pc, v[1], "model_types", NULL, &d->model_types, &d->nmt));
+        return tps_pl_get_str(pc, v[2], "reason", &d->reason);
+    }
     TPS_TRY(tps_pl_get_str_list(pc, v[0], "contains", NULL, &d->contains, &d->ncontains));
     for (size_t i = 0; i < d->ncontains; i++)
         if (!d->contains[i][0]) return tps_pl_perr(pc, v[0]->line,
@@ -109,14 +123,15 @@ static tps_err parse_lkey(const pctx *pc, const ynode *m, tps_lkey *k)
 
 static tps_err parse_lcheck(const pctx *pc, const ynode *m, tps_lcheck *c)
 {
-    static const char *const known[] = {"name", "when", "reject_if", "quotient", "reason"};
+    static const char *const known[] = {"name", "when", "reject_if", "quotient", "reason",
+                                        "divisible"};
     static const char *const qknown[] = {"field", "of"};
-    const ynode *v[5], *qv[2];
-    TPS_TRY(tps_pl_map_fields(pc, m, "layout check", known, 5, v));
+    const ynode *v[6], *qv[2];
+    TPS_TRY(tps_pl_map_fields(pc, m, "layout check", known, 6, v));
     c->line = m->line;
-    if (!v[0] || !v[4] || (!v[2] == !v[3]))
-        return tps_pl_perr(pc, m->line,
-                           "a layout check needs 'name', 'reason' and one of 'reject_if' or 'quotient'");
+    if (!v[0] || !v[4] || (!!v[2] + !!v[3] + !!v[5]) != 1)
+        return tps_pl_perr(pc, m->line, "a layout check needs 'name', 'reason' and one of "
+                                        "'reject_if', 'quotient' or 'divisible'");
     TPS_TRY(tps_pl_get_str(pc, v[0], "name", &c->name));
     TPS_TRY(tps_pl_get_str(pc, v[4], "reason", &c->reason));
     if (v[1]) {
@@ -125,6 +140,10 @@ static tps_err parse_lcheck(const pctx *pc, const ynode *m, tps_lcheck *c)
         TPS_TRY(tps_pl_parse_cond(pc, v[1], "when", c->when));
     }
     if (v[2]) return tps_pl_parse_cond(pc, v[2], "reject_if", &c->cond);
+    if (v[5]) {
+        TPS_TRY(tps_pl_get_str(pc, v[5], "divisible", &c->divisible));
+        return tps_pl_check_field_name(pc, v[5], "divisible");
+    }
     c->is_quotient = 1;
     TPS_TRY(tps_pl_map_fields(pc, v[3], "quotient", qknown, 2, qv));
     if (!qv[0] || !qv[1] || qv[1]->type != YN_SEQ || qv[1]->n != 2 ||
@@ -156,14 +175,19 @@ static tps_err parse_lbias(const pctx *pc, const ynode *m, tps_lbias *b)
 
 static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
-    static const char *const known[] = {"into", "parts", "extra", "bias"};
+    static const char *const known[] = {"into", "parts", "extra", "bias", "split"};
     static const char *const pknown[] = {"module", "heads", "replicate", "rows"};
     static const char *const eknown[] = {"name", "dtype", "value", "shape", "quant", "when",
                                          "unless"};
-    const ynode *v[4];
-    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 4, v));
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 5, v));
     f->line = m->line;
     if (!v[0] || !v[1]) return tps_pl_perr(pc, m->line, "a fuse entry needs 'into' and 'parts'");
+    if (v[4]) {
+        if (v[4]->type == YN_SCALAR && !strcmp(v[4]->s, "replicate")) f->whole = 1;
+        else if (v[4]->type != YN_SCALAR || strcmp(v[4]->s, "rows"))
+            return tps_pl_perr(pc, v[4]->line, "a fuse entry's 'split' is rows or replicate");
+    }
     TPS_TRY(tps_pl_get_str(pc, v[0], "into", &f->into));
     TPS_TRY(check_leaf(pc, v[0]));
     if (v[1]->type != YN_SEQ || v[1]->n < 2 || v[1]->n > LSPEC_MAX_PARTS)
@@ -181,6 +205,9 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
         TPS_TRY(check_leaf(pc, pv[0]));
         if (pv[1]) TPS_TRY(tps_pl_get_str(pc, pv[1], "heads", &p->heads));
         if (pv[2]) TPS_TRY(tps_pl_get_bool(pc, pv[2], "replicate", &p->replicate));
+        if (f->whole && (p->heads || p->replicate))
+            return tps_pl_perr(pc, v[1]->kid[i]->line,
+                               "a fuse entry with split: replicate holds whole parts: no 'heads'");
         if (p->replicate && !p->heads)
             return tps_pl_perr(pc, pv[2]->line,
                                "'replicate' replicates whole heads: it needs 'heads'");
@@ -254,11 +281,13 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 
 static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
 {
-    static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks"};
+    static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks",
+                                        "model_types"};
     static const char *const rknown[] = {"module", "as"};
     static const char *const sknown[] = {"name", "parts", "split"};
-    const ynode *v[6], *rv[2];
-    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 6, v));
+    const ynode *v[7], *rv[2];
+    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 7, v));
+    if (v[6]) TPS_TRY(tps_pl_get_str_list(pc, v[6], "model_types", NULL, &x->model_types, &x->nmt));
     x->line = m->line;
     if (!v[0] || !v[1] || !v[5])
         return tps_pl_perr(pc, m->line, "an experts entry needs 'match', 'count' and 'stacks'");
@@ -367,15 +396,36 @@ static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
     return TPS_OK;
 }
 
+/* rename: {match, as, model_types}: rank tensors under a matching module go
+ * under its parent's `as` instead. */
+static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
+{
+    static const char *const known[] = {"match", "as", "model_types"};
+    const ynode *v[3];
+    TPS_TRY(tps_pl_map_fields(pc, m, "rename entry", known, 3, v));
+    r->line = m->line;
+    if (!v[0] || !v[1])
+        return tps_pl_perr(pc, m->line, "a rename entry needs 'match' (module path patterns) "
+                                        "and 'as' (the path under the module's parent)");
+    TPS_TRY(tps_pl_get_str_list(pc, v[0], "match", tps_pl_check_pattern, &r->patterns, &r->npat));
+    if (!r->npat) return tps_pl_perr(pc, v[0]->line, "'match' is an empty list");
+    TPS_TRY(tps_pl_get_str(pc, v[1], "as", &r->as));
+    TPS_TRY(tps_pl_check_pattern(pc, v[1]));
+    if (tps_pl_has_glob(r->as, strlen(r->as)))
+        return tps_pl_perr(pc, v[1]->line, "rename 'as' is a module path, not a pattern");
+    if (v[2]) TPS_TRY(tps_pl_get_str_list(pc, v[2], "model_types", NULL, &r->model_types, &r->nmt));
+    return TPS_OK;
+}
+
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
                                         "vocab_padding_tp", "checks", "scales", "experts",
-                                        "drop", "keys"};
+                                        "drop", "keys", "rename"};
     static const char *const sknown[] = {"architectures", "model_types"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_N };
+           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_RENAME, K_N };
     const ynode *v[K_N], *sv[2];
     if (root->type != YN_MAP)
         return tps_pl_perr(pc, root->line,
@@ -463,6 +513,17 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
             TPS_TRY(parse_lexperts(pc, v[K_EXPERTS]->kid[i], &s->experts[i]));
         }
     }
+    if (v[K_RENAME] && !tps_pl_y_is_null(v[K_RENAME])) {
+        if (v[K_RENAME]->type != YN_SEQ || v[K_RENAME]->n > PLAN_MAX_RULES)
+            return tps_pl_perr(pc, v[K_RENAME]->line,
+                               "'rename' must be a list of at most %d entries", PLAN_MAX_RULES);
+        s->renames = tps_xcalloc(v[K_RENAME]->n ? v[K_RENAME]->n : 1, sizeof *s->renames);
+        if (!s->renames) return tps_pl_nomem(pc->ctx);
+        for (size_t i = 0; i < v[K_RENAME]->n; i++) {
+            s->nrenames++;
+            TPS_TRY(parse_lrename(pc, v[K_RENAME]->kid[i], &s->renames[i]));
+        }
+    }
     if (v[K_SCALES]) TPS_TRY(parse_lscales(pc, v[K_SCALES], s));
     if (v[K_TIED]) TPS_TRY(parse_ltied(pc, v[K_TIED], s));
     if (v[K_OVR] && !tps_pl_y_is_null(v[K_OVR])) {
@@ -516,6 +577,8 @@ void tps_lspec_free(tps_lspec *s)
         tps_pl_strv_free(s->drops[i].contains, s->drops[i].ncontains);
         tps_pl_strv_free(s->drops[i].model_types, s->drops[i].nmt);
         free(s->drops[i].reason);
+        free(s->drops[i].layers_past);
+        free(s->drops[i].layers_extra);
     }
     free(s->drops);
     for (size_t i = 0; i < s->nkeys; i++) {
@@ -537,6 +600,7 @@ void tps_lspec_free(tps_lspec *s)
         free(x->into);
         free(x->router);
         free(x->router_as);
+        tps_pl_strv_free(x->model_types, x->nmt);
         for (size_t j = 0; j < x->nstacks; j++) {
             free(x->stacks[j].name);
             tps_pl_strv_free(x->stacks[j].parts, x->stacks[j].nparts);
@@ -557,6 +621,7 @@ void tps_lspec_free(tps_lspec *s)
         free(c->field);
         free(c->num);
         free(c->den);
+        free(c->divisible);
     }
     free(s->checks);
     for (size_t i = 0; i < s->nrules; i++) {
@@ -597,6 +662,12 @@ void tps_lspec_free(tps_lspec *s)
         free(f->bias);
     }
     free(s->fuse);
+    for (size_t i = 0; i < s->nrenames; i++) {
+        tps_pl_strv_free(s->renames[i].patterns, s->renames[i].npat);
+        tps_pl_strv_free(s->renames[i].model_types, s->renames[i].nmt);
+        free(s->renames[i].as);
+    }
+    free(s->renames);
     free(s);
 }
 

@@ -34,7 +34,7 @@ both() {
 for c in "$TOP"/testdata/conformance/*/; do
   grep -q '"expect": *"split"' "$c/case.json" || continue
   tp=$(sed -n 's/.*"tp": *\([0-9]*\).*/\1/p' "$c/case.json")
-  fam=$(sed -n 's/.*"family": *"\([a-z0-9]*\)".*/\1/p' "$c/case.json")
+  fam=$(sed -n 's/.*"family": *"\([a-z0-9_]*\)".*/\1/p' "$c/case.json")
   lay=$(sed -n 's/.*"layout": *"\([a-z0-9]*\)".*/\1/p' "$c/case.json")
   both "conformance $(basename "$c") (tp $tp)" "$c/model" --tp "$tp" --family "$fam" ${lay:+--layout "$lay"}
 done

@@ -88,7 +88,7 @@ static void test_builtin_unknown(void)
     CHECK(p == NULL);
     CHECK(strstr(tps_ctx_errmsg(ctx), "falcon"));
     CHECK(strstr(tps_ctx_errmsg(ctx),
-                 "gemma3, gemma4, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"));
+                 "deepseek_v3, gemma3, gemma4, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"));
     tps_plan_free(NULL);
 }
 
@@ -646,7 +646,7 @@ static void test_detect_errors(void)
     CHECK_MSG(strstr(tps_ctx_errmsg(ctx), "no config.json: pass --family NAME or --plan FILE"),
               "%s", tps_ctx_errmsg(ctx));
     CHECK(strstr(tps_ctx_errmsg(ctx),
-                 "gemma3, gemma4, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"));
+                 "deepseek_v3, gemma3, gemma4, llama, mistral, mixtral, phi3, qwen2, qwen3, qwen3_moe"));
 
     ck.config = json("{\"architectures\": [\"FalconForCausalLM\"], \"model_type\": \"falcon\"}");
     CHECK(tps_plan_detect(ctx, &ck, &p) == TPS_E_CONFIG && p == NULL);

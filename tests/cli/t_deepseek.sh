@@ -1,0 +1,97 @@
+#!/bin/sh
+# DeepSeek-V3 in BF16 (MLA with a q LoRA, a dense first layer, shared and routed experts, the
+# F32 noaux_tc router bias, an MTP layer): the deepseek_v3 plan and the vllm / sglang layouts
+# split it at tp 1, 2 and 4 (and --ep), check, verify --source and merge pass; merge gives
+# back the source less the MTP layer the engines drop; the refusals name the field and the
+# tp values that work, exit 1 and write nothing.
+. "$TOP/tests/cli/lib.sh"
+
+SRC="$TOP/testdata/conformance/vllm-deepseekv3-bf16-tp2/model"
+cp -r "$SRC" "$T/m"
+
+# same_less SRC MERGED PREFIX: MERGED holds every tensor of SRC whose name does not start
+# with PREFIX ("" keeps all), byte for byte, and nothing else.
+same_less() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+def load(p):
+    raw = open(p, "rb").read(); n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n]); h.pop("__metadata__", None)
+    return {k: (v["dtype"], v["shape"], raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]])
+            for k, v in h.items()}
+src, got, pre = load(sys.argv[1]), load(sys.argv[2]), sys.argv[3]
+want = {k: v for k, v in src.items() if not (pre and k.startswith(pre))}
+assert got == want, sorted(set(got) ^ set(want))[:5]
+PY
+}
+
+for lay in dtensor vllm sglang; do
+  for tp in 1 2 4; do
+    d="$T/$lay-$tp"
+    expect_exit 0 "$lay tp $tp: split" -- tps split "$T/m" --tp "$tp" --layout "$lay" -o "$d" -q || continue
+    expect_exit 0 "$lay tp $tp: check" -- tps check "$d"
+    expect_exit 0 "$lay tp $tp: verify --source" -- tps verify "$d" --source "$T/m"
+    expect_exit 0 "$lay tp $tp: merge" -- tps merge "$d" -o "$d.merged" -q || continue
+    pre=model.layers.2.
+    [ "$lay" = dtensor ] && pre=
+    if same_less "$T/m/model.safetensors" "$d.merged/model.safetensors" "$pre" 2>"$ERR"; then
+      ok "$lay tp $tp: merge gives back every tensor the rank files hold"
+    else notok "$lay tp $tp: merge"; diag "$ERR"; fi
+  done
+done
+
+# the manifest lists the MTP layer as dropped, and merge names it
+if python3 - "$T/vllm-2/tpshard.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+d = m.get("dropped")
+names = [e["name"] if isinstance(e, dict) else e for e in (d if isinstance(d, list) else (d or {}))]
+assert "model.layers.2.eh_proj.weight" in names and "model.layers.2.shared_head.head.weight" in names, names[:4]
+assert not any(n.startswith("model.layers.1.") for n in names)
+PY
+then ok "vllm: the manifest lists the MTP layer as dropped"; else notok "vllm: manifest dropped"; fi
+
+for lay in vllm sglang; do
+  for tp in 2 4; do
+    d="$T/$lay-ep$tp"
+    expect_exit 0 "$lay --ep tp $tp: split" -- tps split "$T/m" --tp "$tp" --ep --layout "$lay" -o "$d" -q || continue
+    expect_exit 0 "$lay --ep tp $tp: verify --source" -- tps verify "$d" --source "$T/m"
+  done
+  # 4 heads: tp 8 splits none whole
+  expect_exit 1 "$lay: tp 8 refused (4 heads)" -- tps split "$T/m" --tp 8 --layout "$lay" -o "$T/$lay-8"
+  expect_stderr_has "num_attention_heads = 4 is not divisible by tp 8 (tp values that work: 1, 2, 4)" "$lay: tp 8 names the heads and the tp values that work"
+  [ -z "$(ls "$T/$lay-8" 2>/dev/null)" ] && ok "$lay: tp 8 wrote nothing" || notok "$lay: tp 8 wrote files"
+done
+
+# config-only variants: no MTP layer declared, fewer experts declared than the file holds
+python3 - "$T/m/config.json" "$T/h6" <<'PY'
+import json, os, shutil, sys
+c = json.load(open(sys.argv[1]))
+out = sys.argv[2]
+# the config alone decides the refusals below; no tensor changes shape
+def variant(name, **kw):
+    d = os.path.join(out, name); os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(os.path.dirname(sys.argv[1]), "model.safetensors"), d)
+    json.dump(dict(c, **kw), open(os.path.join(d, "config.json"), "w"))
+variant("nonextn", num_nextn_predict_layers=0)
+variant("fewexperts", n_routed_experts=3)
+PY
+for lay in vllm sglang; do
+  # tp 3 divides neither the 4 heads nor the 4 experts
+  expect_exit 1 "$lay: --ep tp 3 refused" -- tps split "$T/m" --tp 3 --ep --layout "$lay" -o "$T/$lay-ep3"
+  [ -z "$(ls "$T/$lay-ep3" 2>/dev/null)" ] && ok "$lay: --ep tp 3 wrote nothing" || notok "$lay: --ep tp 3 wrote files"
+  expect_exit 1 "$lay: MTP tensors with num_nextn_predict_layers 0 refused" -- \
+    tps split "$T/h6/nonextn" --tp 2 --layout "$lay" -o "$T/$lay-nonextn"
+  expect_stderr_has "model.layers.2." "$lay: the MTP refusal names the tensor"
+  expect_stderr_has "num_nextn_predict_layers = 0" "$lay: the MTP refusal names the field"
+  [ -z "$(ls "$T/$lay-nonextn" 2>/dev/null)" ] && ok "$lay: nothing written" || notok "$lay: MTP refusal wrote files"
+  expect_exit 1 "$lay: an expert past n_routed_experts refused" -- \
+    tps split "$T/h6/fewexperts" --tp 2 --layout "$lay" -o "$T/$lay-few"
+  expect_stderr_has "experts.3" "$lay: the refusal names expert 3"
+done
+
+# the family is detected from config.json
+expect_exit 0 "plan detects deepseek_v3" -- tps plan "$T/m" --tp 2
+expect_stdout_has "deepseek_v3"
+
+finish
