@@ -362,6 +362,9 @@ struct tps_ckpt {
     const cJSON *dropped;
 };
 
+/* Is name a source tensor the split's layout left out (the manifest's dropped[])? */
+int tps_ckpt_dropped(const tps_ckpt *ck, const char *name);
+
 /* tps_ckpt_open of a path as it is: no Hugging Face cache lookup (an output
  * directory, not a MODEL). */
 tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out);

@@ -941,3 +941,10 @@ tps_err tps_ck_open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     free(tx);
     return rc;
 }
+
+int tps_ckpt_dropped(const tps_ckpt *ck, const char *name)
+{
+    for (const cJSON *d = ck->dropped ? ck->dropped->child : NULL; d; d = d->next)
+        if (!strcmp(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring, name)) return 1;
+    return 0;
+}

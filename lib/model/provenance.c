@@ -147,15 +147,9 @@ tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src)
                            t->origin);
     }
     /* Every source tensor is the manifest's, or one it records as left out. */
-    const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(ck->manifest, "dropped");
     for (size_t j = 0; j < src->n; j++) {
         if (tps_ckpt_find(ck, src->t[j].name) >= 0) continue;
-        int listed = 0;
-        for (const cJSON *d = dropped ? dropped->child : NULL; d && !listed; d = d->next) {
-            const cJSON *nm = cJSON_IsString(d) ? d : cJSON_GetObjectItemCaseSensitive(d, "name");
-            listed = cJSON_IsString(nm) && !strcmp(nm->valuestring, src->t[j].name);
-        }
-        if (!listed)
+        if (!tps_ckpt_dropped(ck, src->t[j].name))
             NOT_SPLIT_FROM("it holds tensor '%s' (in %s), which the manifest does not list",
                            src->t[j].name, src->t[j].origin ? src->t[j].origin : "the source");
     }

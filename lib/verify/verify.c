@@ -149,17 +149,6 @@ out:
 }
 
 
-/* Is `name` a source tensor the split's layout left out (the manifest's
- * dropped: the engine's load_weights skips it)? */
-static int dropped_by_layout(const tps_ckpt *ck, const char *name)
-{
-    for (const cJSON *d = ck->dropped ? ck->dropped->child : NULL; d; d = d->next) {
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(d, "name");
-        if (cJSON_IsString(nm) && !strcmp(nm->valuestring, name)) return 1;
-    }
-    return 0;
-}
-
 /* Source bytes compared with the manifest's CRC32s before the checks start:
  * the smallest tensors (norms, biases, small projections), a read of well
  * under a second. */
@@ -343,7 +332,7 @@ static tps_err check_rest(vctx *V)
         for (size_t i = 0; i < V->src->n; i++) {
             const char *nm = V->src->t[i].name;
             if (o->tensors_glob && fnmatch(o->tensors_glob, nm, 0) != 0) continue;
-            if (tps_ckpt_find(V->ck, nm) >= 0 || dropped_by_layout(V->ck, nm)) continue;
+            if (tps_ckpt_find(V->ck, nm) >= 0 || tps_ckpt_dropped(V->ck, nm)) continue;
             TPS_FAIL_IF(tps_va_rep_add(R, nm, "reconstruct", 0, 0, V->src->t[i].nbytes,
                                 V->src->t[i].nbytes, 0,
                                 tps_strdup("in the source but missing from the shards")),
