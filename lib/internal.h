@@ -455,6 +455,17 @@ typedef struct {
     int line;
 } tps_packed;
 
+/* A tensor whose dimensions the config fixes (MLA's kv_b_proj: rows
+ * num_attention_heads * (qk_nope_head_dim + v_head_dim), columns
+ * kv_lora_rank): an expression for its rows, its columns, or both (NULL:
+ * not checked). */
+typedef struct {
+    char **patterns;
+    size_t npat;
+    char *rows, *cols;
+    int line;
+} tps_shape;
+
 /* An integer expression of config fields: + - * / ( ), decimal integers and
  * field names (head_dim: config.json's, else hidden_size /
  * num_attention_heads). 0 ok; -1 with the reason in why. Division must be
@@ -471,10 +482,17 @@ struct tps_plan {
     /* untie: module paths of a tied embedding and of the head it stands for */
     char **untie_embedding, **untie_head; size_t nuntie;
     tps_packed *packed; size_t npacked;
+    tps_shape *shapes; size_t nshapes;
+    /* layers: config count fields whose sum bounds every tensor's layer
+     * index (num_hidden_layers, then DeepSeek's MTP layers) */
+    char **layers; size_t nlayers;
 };
 
 /* The packed rule a tensor's module matches, or NULL. */
 const tps_packed *tps_plan_packed(const tps_plan *p, const char *tensor_name);
+
+/* The shapes entry a tensor's module matches, or NULL. */
+const tps_shape *tps_plan_shape(const tps_plan *p, const char *tensor_name);
 
 /* Module path of a tensor name: everything before the last '.'. */
 /* First rule whose `when` holds and one of whose patterns matches the module

@@ -293,6 +293,77 @@ static tps_err packed_parts(cstate *C, const tps_lfuse *f, const char *parent, c
     return TPS_OK;
 }
 
+/* A weight of a plan's shapes entry must have the rows and columns its
+ * expressions give: 0 and a refusal when it does not, or when config.json
+ * cannot give them. Only .weight is checked: a quantized method's other
+ * tensors (scales, packed codes) have shapes of their own. */
+static int shape_fits(cstate *C, size_t i)
+{
+    const tps_ctensor *t = &C->ck->t[i];
+    const tps_shape *k = tps_plan_shape(C->L->plan, t->name);
+    const char *dot = strrchr(t->name, '.');
+    if (!k || !dot || strcmp(dot + 1, "weight")) return 1;
+    const char *expr[2] = {k->rows, k->cols}, *what[2] = {"rows", "columns"};
+    for (int d = 0; d < 2; d++) {
+        if (!expr[d]) continue;
+        uint64_t want;
+        char why[256];
+        if (tps_expr_eval(expr[d], C->ck->config, &want, why, sizeof why)) {
+            refuse(C, "tensor '%s': its %s (%s) config.json cannot give: %s", t->name, what[d],
+                   expr[d], why);
+            return 0;
+        }
+        if (t->ndim != 2 || t->shape[d] != want) {
+            if (t->ndim != 2)
+                refuse(C, "tensor '%s' is %d-D, but the plan gives it %s %s = %llu: the "
+                          "checkpoint does not match its config.json",
+                       t->name, t->ndim, what[d], expr[d], (unsigned long long)want);
+            else
+                refuse(C, "tensor '%s' has %llu %s, but the plan gives it %s = %llu: the "
+                          "checkpoint does not match its config.json",
+                       t->name, (unsigned long long)t->shape[d], what[d], expr[d],
+                       (unsigned long long)want);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* Every tensor's layer is below the sum of the plan's layers fields (the
+ * first one present in config.json, or nothing is checked): 0 and a refusal
+ * naming the tensor and the fields when one is not. */
+static int layers_fit(cstate *C)
+{
+    const tps_plan *p = C->L->plan;
+    const tps_ckpt *ck = C->ck;
+    if (!p || !p->nlayers || !ck->config) return 1;
+    int present;
+    uint64_t sum = tps_lc_config_count(ck->config, p->layers[0], &present);
+    if (!present) return 1;
+    char list[512];
+    size_t o = 0;
+    list[0] = 0;
+    for (size_t j = 0; j < p->nlayers; j++) {
+        int pj;
+        uint64_t n = tps_lc_config_count(ck->config, p->layers[j], &pj);
+        if (j) sum += n;
+        if (o < sizeof list)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%s = %llu%s",
+                                  !j ? "" : j + 1 < p->nlayers ? ", " : " and ", p->layers[j],
+                                  (unsigned long long)n, pj ? "" : " (not set)");
+    }
+    for (size_t i = 0; i < ck->n; i++) {
+        int layer = tps_layer_of_name(ck->t[i].name);
+        if (layer >= 0 && (uint64_t)layer >= sum) {
+            refuse(C, "tensor '%s' is in layer %d, but config.json's %s leave no such layer "
+                      "(plan %s): the checkpoint does not match its config.json",
+                   ck->t[i].name, layer, list, p->name);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* Packed tensors must hold the rows their config says (any layout): 0 and
  * a refusal when one does not. */
 int tps_lc_packed_fit(cstate *C)
@@ -304,7 +375,9 @@ int tps_lc_packed_fit(cstate *C)
         uint64_t b[16], r[16];
         if (k && !packed_rows(C, k, i, b, r)) return 0;
     }
-    return 1;
+    for (size_t i = 0; L->plan && i < ck->n && ck->config; i++)
+        if (!shape_fits(C, i)) return 0;
+    return layers_fit(C);
 }
 
 /* Finds fused groups: for each tensor that is the first part of a fusion,

@@ -36,6 +36,13 @@ void tps_plan_free(tps_plan *p)
         free(p->packed[i].sec);
     }
     free(p->packed);
+    for (size_t i = 0; i < p->nshapes; i++) {
+        tps_pl_strv_free(p->shapes[i].patterns, p->shapes[i].npat);
+        free(p->shapes[i].rows);
+        free(p->shapes[i].cols);
+    }
+    free(p->shapes);
+    tps_pl_strv_free(p->layers, p->nlayers);
     free(p->name);
     free(p->description);
     free(p->label);

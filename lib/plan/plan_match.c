@@ -90,6 +90,17 @@ const tps_packed *tps_plan_packed(const tps_plan *p, const char *tensor_name)
     return NULL;
 }
 
+const tps_shape *tps_plan_shape(const tps_plan *p, const char *tensor_name)
+{
+    const char *dot = p ? strrchr(tensor_name, '.') : NULL;
+    if (!dot) return NULL;
+    size_t ml = (size_t)(dot - tensor_name);
+    for (size_t i = 0; i < p->nshapes; i++)
+        for (size_t j = 0; j < p->shapes[i].npat; j++)
+            if (path_match(p->shapes[i].patterns[j], tensor_name, ml)) return &p->shapes[i];
+    return NULL;
+}
+
 int tps_module_match(const char *pattern, const char *module, size_t mlen)
 {
     return path_match(pattern, module, mlen);

@@ -647,19 +647,56 @@ static tps_err parse_packed(const pctx *pc, const ynode *v, tps_plan *p)
     return TPS_OK;
 }
 
+/* shapes: [{match: PATTERN(S), rows: EXPR, cols: EXPR}] (one of rows, cols at least) */
+static tps_err parse_shapes(const pctx *pc, const ynode *v, tps_plan *p)
+{
+    static const char *const known[] = {"match", "rows", "cols"};
+    if (v->type != YN_SEQ || v->n > PLAN_MAX_RULES)
+        return tps_pl_perr(pc, v->line, "'shapes' must be a list of at most %d entries",
+                           PLAN_MAX_RULES);
+    p->shapes = tps_xcalloc(v->n ? v->n : 1, sizeof *p->shapes);
+    if (!p->shapes) return tps_pl_nomem(pc->ctx);
+    for (size_t i = 0; i < v->n; i++) {
+        const ynode *f[3];
+        tps_shape *k = &p->shapes[p->nshapes++];
+        k->line = v->kid[i]->line;
+        TPS_TRY(tps_pl_map_fields(pc, v->kid[i], "shapes entry", known, 3, f));
+        if (!f[0] || (!f[1] && !f[2]))
+            return tps_pl_perr(pc, k->line, "a shapes entry needs 'match' and 'rows' or 'cols'");
+        TPS_TRY(tps_pl_get_str_list(pc, f[0], "match", tps_pl_check_pattern, &k->patterns,
+                                    &k->npat));
+        char why[256];
+        if (f[1]) {
+            TPS_TRY(tps_pl_get_str(pc, f[1], "rows", &k->rows));
+            if (tps_pl_expr_syntax(k->rows, why, sizeof why))
+                return tps_pl_perr(pc, f[1]->line, "shapes: rows '%s': %s", k->rows, why);
+        }
+        if (f[2]) {
+            TPS_TRY(tps_pl_get_str(pc, f[2], "cols", &k->cols));
+            if (tps_pl_expr_syntax(k->cols, why, sizeof why))
+                return tps_pl_perr(pc, f[2]->line, "shapes: cols '%s': %s", k->cols, why);
+        }
+    }
+    return TPS_OK;
+}
+
 static tps_err build_plan(const pctx *pc, const ynode *root, tps_plan *p)
 {
     static const char *const known[] = {"name",   "description", "serves",
-                                        "rules",  "checks",      "untie", "packed"};
+                                        "rules",  "checks",      "untie", "packed",
+                                        "shapes", "layers"};
     static const char *const sknown[] = {"architectures", "model_types"};
-    const ynode *v[7], *sv[2];
+    const ynode *v[9], *sv[2];
 
     if (root->type != YN_MAP)
         return tps_pl_perr(pc, root->line,
                            "a plan must be a mapping with 'name' and 'rules', not %s",
                            tps_pl_y_kind(root));
-    TPS_TRY(tps_pl_map_fields(pc, root, "the plan", known, 7, v));
+    TPS_TRY(tps_pl_map_fields(pc, root, "the plan", known, 9, v));
     if (v[6] && !tps_pl_y_is_null(v[6])) TPS_TRY(parse_packed(pc, v[6], p));
+    if (v[7] && !tps_pl_y_is_null(v[7])) TPS_TRY(parse_shapes(pc, v[7], p));
+    if (v[8] && !tps_pl_y_is_null(v[8]))
+        TPS_TRY(tps_pl_get_str_list(pc, v[8], "layers", NULL, &p->layers, &p->nlayers));
     if (!v[0]) return tps_pl_perr(pc, root->line, "plan without 'name'");
     if (!v[3]) return tps_pl_perr(pc, root->line, "plan without 'rules'");
     TPS_TRY(tps_pl_get_str(pc, v[0], "name", &p->name));

@@ -90,6 +90,52 @@ for lay in vllm sglang; do
   expect_stderr_has "experts.3" "$lay: the refusal names expert 3"
 done
 
+# the DTensor layout refuses the MTP layer too when config.json declares none
+expect_exit 1 "dtensor: MTP tensors with num_nextn_predict_layers 0 refused" -- \
+  tps split "$T/h6/nonextn" --tp 2 -o "$T/dtensor-nonextn"
+expect_stderr_has "model.layers.2." "dtensor: the MTP refusal names the tensor"
+expect_stderr_has "num_nextn_predict_layers = 0" "dtensor: the MTP refusal names the field"
+[ -z "$(ls "$T/dtensor-nonextn" 2>/dev/null)" ] && ok "dtensor: nothing written" || notok "dtensor: MTP refusal wrote files"
+expect_exit 1 "dtensor: plan refuses the MTP tensors with num_nextn_predict_layers 0" -- \
+  tps plan "$T/h6/nonextn" --tp 2
+expect_stderr_has "num_nextn_predict_layers = 0"
+
+# MLA's sizes: each field missing from config.json, or contradicting the tensors' shapes, is
+# refused in every layout, by plan and split, naming the tensor and the field
+python3 - "$T/m" "$T/mla" <<'PY2'
+import json, os, shutil, sys
+src, out = sys.argv[1], sys.argv[2]
+c = json.load(open(os.path.join(src, "config.json")))
+def variant(name, cfg):
+    d = os.path.join(out, name); os.makedirs(d, exist_ok=True)
+    shutil.copy(os.path.join(src, "model.safetensors"), d)
+    json.dump(cfg, open(os.path.join(d, "config.json"), "w"))
+for f in ["kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "q_lora_rank"]:
+    assert isinstance(c.get(f), int) and c[f] > 0, f
+    variant("no-" + f, {k: v for k, v in c.items() if k != f})
+    variant("bad-" + f, dict(c, **{f: c[f] * 2}))
+PY2
+# field: the tensor whose shape it decides first (kv_a_proj_with_mqa = [kv_lora_rank +
+# qk_rope_head_dim], kv_b_proj = [heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank],
+# q_a_proj = [q_lora_rank]), in the order the checkpoint stores them
+for fv in kv_lora_rank:kv_a_proj_with_mqa qk_rope_head_dim:kv_a_proj_with_mqa \
+          qk_nope_head_dim:kv_b_proj v_head_dim:kv_b_proj q_lora_rank:q_a_proj; do
+  f=${fv%%:*} t=${fv#*:}
+  for kind in no bad; do
+    for lay in dtensor vllm sglang; do
+      expect_exit 1 "$lay: $kind $f refused" -- \
+        tps split "$T/mla/$kind-$f" --tp 2 --layout "$lay" -o "$T/mla-$lay-$kind-$f"
+      expect_stderr_has "model.layers.0.self_attn.$t.weight" "$lay: $kind $f: names the tensor"
+      expect_stderr_has "$f" "$lay: $kind $f: names the field"
+      [ -z "$(ls "$T/mla-$lay-$kind-$f" 2>/dev/null)" ] && ok "$lay: $kind $f: nothing written" ||
+        notok "$lay: $kind $f wrote files"
+      expect_exit 1 "$lay: plan: $kind $f refused" -- \
+        tps plan "$T/mla/$kind-$f" --tp 2 --layout "$lay"
+      expect_stderr_has "model.layers.0.self_attn.$t.weight" "$lay: plan: $kind $f: names the tensor"
+    done
+  done
+done
+
 # the family is detected from config.json
 expect_exit 0 "plan detects deepseek_v3" -- tps plan "$T/m" --tp 2
 expect_stdout_has "deepseek_v3"
