@@ -311,6 +311,25 @@ def widened_check(out, m, name, r, scale, where):
 
 # ------------------------------------------------------------------ refusals
 
+def bad_model(prefix, label, model, edit, cedit, oracle_check, must):
+    """A model made bad by edit (its tensors) and cedit (its config): written
+    when the oracle refuses it naming `must`, else reported and None."""
+    config, tensors = model
+    if edit:
+        edit(tensors)
+    if cedit:
+        cedit(config)
+    try:
+        oracle_check(config, tensors)
+        report(False, f"{label}: the oracle agrees", "accepted")
+        return None
+    except qo.Refused as e:
+        if must not in e.names:
+            report(False, f"{label}: the oracle agrees", e.reason)
+            return None
+    return qo.write_model(os.path.join(TMP, prefix + re.sub(r"\W+", "_", label)), config, tensors)
+
+
 def check_refusal(label, m, tp, layout, must_name, extra=(), why=""):
     """split must exit 1, name one of must_name (and every string of extra),
     and write no .safetensors."""
@@ -384,20 +403,10 @@ def bad_inputs():
                       lambda c, bs=bs: c["quantization_config"].update(weight_block_size=bs),
                       "weight_block_size"))
     for label, preset, edit, cedit, must in cases:
-        config, tensors = qo.build(qo.PRESETS[preset])
-        if edit:
-            edit(tensors)
-        if cedit:
-            cedit(config)
-        try:
-            qo.check_input(config, tensors)
-            report(False, f"bad input {label}: the oracle agrees", "accepted")
+        d = bad_model("b-", f"bad input {label}", qo.build(qo.PRESETS[preset]), edit, cedit,
+                      qo.check_input, must)
+        if not d:
             continue
-        except qo.Refused as e:
-            if must not in e.names:
-                report(False, f"bad input {label}: the oracle agrees", e.reason)
-                continue
-        d = qo.write_model(os.path.join(TMP, "b-" + re.sub(r"\W+", "_", label)), config, tensors)
         check_refusal(label, d, 2, "dtensor", [must])
         if preset == "fp8-block-llama" and "block_size" not in label:
             check_refusal(label, d, 2, "vllm", [must])
@@ -444,20 +453,10 @@ def gptq():
         ("group size 256", None, qc(group_size=256), "group_size"),
     ]
     for label, edit, cedit, must in cases:
-        config, tensors = qo.gptq_model()
-        if edit:
-            edit(tensors)
-        if cedit:
-            cedit(config)
-        try:
-            qo.gptq_check(config, tensors)
-            report(False, f"gptq bad input {label}: the oracle agrees", "accepted")
+        d = bad_model("gb-", f"gptq bad input {label}", qo.gptq_model(), edit, cedit,
+                      qo.gptq_check, must)
+        if not d:
             continue
-        except qo.Refused as e:
-            if must not in e.names:
-                report(False, f"gptq bad input {label}: the oracle agrees", e.reason)
-                continue
-        d = qo.write_model(os.path.join(TMP, "gb-" + re.sub(r"\W+", "_", label)), config, tensors)
         for layout in ("dtensor", "vllm"):
             check_refusal(f"gptq bad input {label}", d, 2, layout, [must])
 
