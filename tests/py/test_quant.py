@@ -311,7 +311,7 @@ def widened_check(out, m, name, r, scale, where):
 
 # ------------------------------------------------------------------ refusals
 
-def bad_model(prefix, label, model, edit, cedit, oracle_check, must):
+def bad_model(prefix, kind, label, model, edit, cedit, oracle_check, must):
     """A model made bad by edit (its tensors) and cedit (its config): written
     when the oracle refuses it naming `must`, else reported and None."""
     config, tensors = model
@@ -321,11 +321,11 @@ def bad_model(prefix, label, model, edit, cedit, oracle_check, must):
         cedit(config)
     try:
         oracle_check(config, tensors)
-        report(False, f"{label}: the oracle agrees", "accepted")
+        report(False, f"{kind} {label}: the oracle agrees", "accepted")
         return None
     except qo.Refused as e:
         if must not in e.names:
-            report(False, f"{label}: the oracle agrees", e.reason)
+            report(False, f"{kind} {label}: the oracle agrees", e.reason)
             return None
     return qo.write_model(os.path.join(TMP, prefix + re.sub(r"\W+", "_", label)), config, tensors)
 
@@ -403,7 +403,7 @@ def bad_inputs():
                       lambda c, bs=bs: c["quantization_config"].update(weight_block_size=bs),
                       "weight_block_size"))
     for label, preset, edit, cedit, must in cases:
-        d = bad_model("b-", f"bad input {label}", qo.build(qo.PRESETS[preset]), edit, cedit,
+        d = bad_model("b-", "bad input", label, qo.build(qo.PRESETS[preset]), edit, cedit,
                       qo.check_input, must)
         if not d:
             continue
@@ -453,7 +453,7 @@ def gptq():
         ("group size 256", None, qc(group_size=256), "group_size"),
     ]
     for label, edit, cedit, must in cases:
-        d = bad_model("gb-", f"gptq bad input {label}", qo.gptq_model(), edit, cedit,
+        d = bad_model("gb-", "gptq bad input", label, qo.gptq_model(), edit, cedit,
                       qo.gptq_check, must)
         if not d:
             continue
