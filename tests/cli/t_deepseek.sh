@@ -140,4 +140,32 @@ done
 expect_exit 0 "plan detects deepseek_v3" -- tps plan "$T/m" --tp 2
 expect_stdout_has "deepseek_v3"
 
+# One flipped byte in rank 1's copy of an MLA projection or the fused latent projection (a
+# replica on every rank): check names the file, verify --source fails.
+flip() { # FILE-GLOB-DIR TENSOR-SUFFIX: flips the first data byte of the tensor ending so
+  python3 - "$@" <<'PY'
+import glob, json, struct, sys
+for p in sorted(glob.glob(sys.argv[1] + "/model-rank-1-part-*.safetensors")):
+    raw = bytearray(open(p, "rb").read()); n = struct.unpack("<Q", raw[:8])[0]
+    h = json.loads(raw[8:8 + n])
+    for k, v in h.items():
+        if k != "__metadata__" and k.endswith(sys.argv[2]):
+            raw[8 + n + v["data_offsets"][0]] ^= 0x10
+            open(p, "wb").write(raw)
+            sys.exit(0)
+sys.exit("no tensor ending with " + sys.argv[2])
+PY
+}
+for lay in vllm sglang; do
+  for t in q_b_proj.weight fused_qkv_a_proj.weight fused_qkv_a_proj_with_mqa.weight w13_weight; do
+    case $lay/$t in vllm/fused_qkv_a_proj_with_mqa.weight|sglang/fused_qkv_a_proj.weight) continue;; esac
+    d="$T/flip-$lay-${t%%.*}"
+    rm -rf "$d"; cp -r "$T/$lay-2" "$d" || { notok "$lay: copy for $t"; continue; }
+    if ! flip "$d" ".$t" 2>"$ERR"; then notok "$lay: flip $t"; diag "$ERR"; continue; fi
+    expect_exit 1 "$lay tp 2: check fails on one flipped byte of rank 1's $t" -- tps check "$d"
+    expect_stderr_has "model-rank-1"
+    expect_exit 1 "$lay tp 2: verify --source fails on it" -- tps verify "$d" --source "$T/m"
+  done
+done
+
 finish
