@@ -247,6 +247,16 @@ void tps_st_drop_meta(tps_st *st);
 tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
                             const char *const *mvals, size_t nmeta, char **hdr, size_t *hdr_len);
 
+/* A refined scale grid (vLLM's FP8 experts, refine_fp8_moe_block_shape):
+ * the region's elements written rep_n times along rows and rep_k times
+ * along columns, F32, and along the region's dim only `out` of the
+ * repeated rows (dim 0) or columns (dim 1) from the `skip`th. Readers undo
+ * it (every copy must agree) and see the region's own bytes. */
+typedef struct {
+    uint32_t rep_n, rep_k;
+    uint64_t skip, out;
+} tps_xform;
+
 /* ------------------------------------------------------------------ checkpoint */
 
 typedef struct {
@@ -263,6 +273,9 @@ typedef struct {
     tps_dtype stored;   /* the dtype its bytes are in: the tensor's, or F32 when a
                          * serving layout widened it (scales); reads narrow it back */
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
+    tps_xform xf;       /* rep_n 0: none; else a refined grid, F32 (reads undo it) */
+    int xdim;           /* the dim the refined piece was cut along */
+    uint64_t xrows, xcols; /* the region's rows and columns (2-D scales) */
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
@@ -393,6 +406,10 @@ char *tps_json_untie_text(const char *text, size_t len);
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
                             void *buf, size_t len);
+/* A refined replica's rows (vLLM's refined scale grid), read back, equal
+ * tensor i's as its primaries hold them; else an error (what appended). */
+tps_err tps_ckpt_refined_same(tps_ctx *ctx, const tps_ckpt *ck, size_t i, const tps_piece *pc,
+                              const char *what);
 /* The same for a piece (or replica) p of tensor t, narrowing widened bytes. */
 tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
                                const tps_piece *p, uint64_t off, void *buf, size_t len);
@@ -846,6 +863,7 @@ typedef struct {
     uint64_t at;     /* byte offset in the rank tensor */
     uint64_t nbytes;
     int replica;     /* SRC: another piece of the same region is the primary */
+    uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid) */
     double value;    /* CONST: every element, in the rank tensor's dtype */
 } tps_lpiece;
 
@@ -889,6 +907,8 @@ struct tps_layout {
     size_t npieces, cap_pieces;
     tps_region *regions;
     size_t nregions, cap_regions;
+    tps_xform *xforms; /* the refined pieces' transforms (tps_lpiece.xf - 1) */
+    size_t nxforms;
     size_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
     size_t *src_piece0;
     char **names;     /* made-up rank tensor names (owned) */

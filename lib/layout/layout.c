@@ -236,6 +236,7 @@ void tps_layout_free(tps_layout *L)
     free(L->rank_rt);
     free(L->pieces);
     free(L->regions);
+    free(L->xforms);
     free(L->src_pieces);
     free(L->src_piece0);
     free(L->dropped);

@@ -76,6 +76,9 @@ tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p);
 /* Adds source piece [lo, hi) along dim of src to r at byte at. */
 tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                          uint64_t hi, uint64_t at);
+/* The same, refined by x (a scale on vLLM's refined grid): nbytes stored. */
+tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                           uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes);
 /* Keeps made-up name s with the layout (NULL, s freed, on failure). */
 char *tps_lc_own_name(cstate *C, char *s);
 /* Rank r's rows of a fused part of n rows: on whole heads, or evenly. */

@@ -277,6 +277,20 @@ static int eblk_ok(uint64_t packed, uint64_t unused, int tp)
     return (uint64_t)tp <= b->E && expert_blocks_whole(b->I, (uint64_t)tp, b->bn, b->bk);
 }
 
+/* The refined grid's g when the engine holds these experts' block scales
+ * on one (vLLM 0.33 Fp8MoEMethod, moe_backend auto: g = gcd(bn, bk, I_p,
+ * H) >= 32, quant_method fp8, the layout's refine_expert_blocks), else 0. */
+static uint64_t refine_grid(const cstate *C, uint64_t I, uint64_t H)
+{
+    const tps_quant *q = C->L->q;
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp;
+    if (!C->L->spec || !C->L->spec->refine_moe_blocks || strcmp(q->m->name, "fp8") || I % t ||
+        expert_blocks_whole(I, t, q->bn, q->bk))
+        return 0;
+    uint64_t g = gcd64(gcd64(q->bn, q->bk), gcd64(I / t, H));
+    return g >= 32 ? g : 0;
+}
+
 int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E, uint64_t I,
                             uint64_t H)
 {
@@ -297,18 +311,25 @@ int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E
     char works[300];
     tps_lc_works_list(works, sizeof works, (uint64_t)(uintptr_t)&b, 0, eblk_ok);
     uint64_t ip = I % t ? 0 : I / t;
-    uint64_t g = gcd64(gcd64(q->bn, q->bk), gcd64(ip, H));
-    if (ip && g >= 32 && !strcmp(q->m->name, "fp8") && C->L->spec->refine_moe_blocks) {
-        /* layers/fused_moe/oracle/fp8.py refine_fp8_moe_block_shape */
-        refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu, and at %s %d each "
-                  "rank holds %llu of their %llu rows: vLLM 0.33 then holds their scales on a "
-                  "refined %llu x %llu grid (refine_fp8_moe_block_shape), which tpshard does "
-                  "not write yet (tp values that work: %s)",
-               module, (unsigned long long)q->bn, (unsigned long long)q->bk,
-               C->L->ep ? "EP size" : "tp", C->tp, (unsigned long long)ip, (unsigned long long)I,
-               (unsigned long long)g, (unsigned long long)g, works);
-        return 0;
+    uint64_t g = refine_grid(C, I, H);
+    if (g) {
+        /* layers/fused_moe/oracle/fp8.py refine_fp8_moe_block_shape: the
+         * loader upsamples the checkpoint's scales (repeat_interleave) and
+         * cuts them at (rows // tp) * rank, which lands on the rank's own
+         * rows only when the experts are whole blocks. */
+        if (I % q->bn || H % q->bn || I % q->bk || H % q->bk) {
+            refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu and %llu x %llu "
+                      "(intermediate x hidden), not whole blocks: vLLM 0.33's refined %llu x "
+                      "%llu grid at %s %d would cut their upsampled scales at other rows than "
+                      "their weights' (tp values that work: %s)",
+                   module, (unsigned long long)q->bn, (unsigned long long)q->bk,
+                   (unsigned long long)I, (unsigned long long)H, (unsigned long long)g,
+                   (unsigned long long)g, C->L->ep ? "EP size" : "tp", C->tp, works);
+            return 0;
+        }
+        return 1;
     }
+    g = gcd64(gcd64(q->bn, q->bk), gcd64(ip, H));
     refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu: at %s %d each rank "
               "would hold %llu%s of their %llu rows, not whole blocks, which %s's fused MoE "
               "refuses (tp values that work: %s)",
@@ -316,6 +337,47 @@ int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E
            C->L->ep ? "EP size" : "tp", C->tp, (unsigned long long)(I / t),
            I % t ? " and a part" : "", (unsigned long long)I, lname, works);
     return 0;
+}
+
+static char *stack_scale_name(cstate *C, const char *module, const char *into, const char *stack,
+                              const char *param);
+
+/* A stack's block scales on vLLM's refined g x g grid, rank r: per expert
+ * and part, the rank's P = I_p / g rows (rows stacks: w13) or columns (w2)
+ * of the scale upsampled bn / g times along rows and bk / g along columns
+ * (RoutedExperts.weight_loader repeat_interleave, then _load_w13 / _load_w2
+ * narrow at (rows // tp) * rank): [E, parts x P, H / g] and [E, H / g, P]. */
+static tps_err place_refined(cstate *C, const char *module, const char *into,
+                             const tps_lstack *st, const size_t *idx, size_t nidx, size_t k0,
+                             uint64_t Er, uint64_t I, int r)
+{
+    const tps_quant *q = C->L->q;
+    const tps_ckpt *ck = C->ck;
+    size_t w0 = idx[k0];
+    const tps_ctensor *s0 = &ck->t[q->partner[w0]];
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp, rank = C->L->ep ? 0 : (uint64_t)r;
+    const tps_ctensor *wt = &ck->t[w0];
+    uint64_t H = wt->shape[st->dim ? 0 : 1];
+    uint64_t g = refine_grid(C, I, H);
+    tps_xform x = {.rep_n = (uint32_t)(q->bn / g), .rep_k = (uint32_t)(q->bk / g)};
+    uint64_t P = I / t / g, Hg = H / g;
+    uint32_t f = st->dim ? x.rep_k : x.rep_n; /* along the cut dim */
+    uint64_t a = rank * P / f, b = ((rank + 1) * P + f - 1) / f;
+    x.skip = rank * P - a * f;
+    x.out = P;
+    size_t nparts = st->nparts;
+    uint64_t per = P * Hg * 4; /* one part of one expert, F32 */
+    uint64_t shape[TPS_MAX_DIMS] = {Er, st->dim ? Hg : nparts * P, st->dim ? P : Hg};
+    char *name = stack_scale_name(C, module, into, st->name, tps_lc_param_of(s0->name));
+    if (!name) return nomem(C);
+    tps_rtensor *rt;
+    TPS_TRY(tps_lc_new_rt(C, name, r, TPS_F32, 3, shape, "expert scales (refined grid)", &rt));
+    uint64_t e0 = C->L->ep ? (uint64_t)r * Er : 0;
+    for (uint64_t k = 0; k < Er; k++)
+        for (size_t j = 0; j < nparts; j++)
+            TPS_TRY(tps_lc_src_piece_x(C, rt, (size_t)q->partner[idx[(e0 + k) * nidx + k0 + j]],
+                                       st->dim, a, b, (k * nparts + j) * per, &x, per));
+    return TPS_OK;
 }
 
 /* The engine's name of a stack's scale: the stack's name (w13_weight) with
@@ -383,6 +445,8 @@ tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *int
             shape[2] = 1;
             per = s0->shape[0];
         }
+    } else if (refine_grid(C, I, ck->t[w0].shape[st->dim ? 0 : 1])) {
+        return place_refined(C, module, into, st, idx, nidx, k0, Er, I, r);
     } else { /* block */
         ndim = 3;
         uint64_t b = st->dim ? q->bk : q->bn;

@@ -537,6 +537,19 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     const cJSON *sdt = cJSON_GetObjectItemCaseSensitive(r, "dtype");
     tps_dtype stored = t->dtype;
     int replica = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "replica"));
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(r, "refine");
+    tps_xform xf = {0};
+    uint64_t xv[4] = {0};
+    if (rf) {
+        int ok = v2 && cJSON_IsArray(rf) && cJSON_GetArraySize(rf) == 4 && t->ndim == 2 &&
+                 t->dim >= 0;
+        for (int k = 0; ok && k < 4; k++) ok = json_u64(cJSON_GetArrayItem(rf, k), &xv[k]);
+        TPS_FAIL_IF(!ok || !xv[0] || !xv[1] || xv[0] > 1024 || xv[1] > 1024 || !xv[3] ||
+                        xv[3] > (1u << 30) || xv[2] >= (t->dim ? xv[1] : xv[0]),
+                    ctx, TPS_E_JSON, "%s: tensor '%s': malformed refine [rep_n, rep_k, skip, out]",
+                    mpath, t->name);
+        xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3]};
+    }
     uint64_t lshape[TPS_MAX_DIMS], at = 0;
     int lnd = 0;
     uint64_t lo = 0;
@@ -591,6 +604,19 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                 holder, tps_dtype_name(si->dtype), tps_dtype_name(stored));
     uint64_t lbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
     uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
+    if (xf.rep_n) {
+        /* a refined grid: out rows (or columns) along the dim, the other repeated */
+        uint64_t nr = lshape[0], nc = lshape[1];
+        uint64_t orows = t->dim == 0 ? xf.out : nr * xf.rep_n;
+        uint64_t ocols = t->dim == 1 ? xf.out : nc * xf.rep_k;
+        uint64_t along = t->dim == 0 ? nr * xf.rep_n : nc * xf.rep_k;
+        TPS_FAIL_IF(stored != TPS_F32 || xf.skip + xf.out > along ||
+                        along - (xf.skip + xf.out) >= (t->dim == 0 ? xf.rep_n : xf.rep_k),
+                    ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': rank %d's refined piece does not cover its rows", mpath,
+                    t->name, rank);
+        pbytes = orows * ocols * 4;
+    }
     if (!hold && !at) {
         int same = si->ndim == lnd;
         for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
@@ -612,6 +638,10 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     pc->nbytes = lbytes;
     pc->fbytes = pbytes;
     pc->stored = stored;
+    pc->xf = xf;
+    pc->xdim = t->dim;
+    pc->xrows = lnd == 2 ? lshape[0] : 0;
+    pc->xcols = lnd == 2 ? lshape[1] : 0;
     pc->lo = lo;
     pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
     pc->holder = holder;
@@ -647,11 +677,16 @@ static tps_err check_cover(tps_ctx *ctx, const tps_ckpt *ck, const shard_rd *S, 
             if (!ck->rank_present[rr->valueint]) complete = 0;
         }
         for (int a = 0; complete && a < t->npieces; a++) {
-            TPS_FAIL_IF(t->pieces[a].lo != expect_lo, ctx, TPS_E_MISMATCH,
+            /* a refined scale's pieces (vLLM's experts) may share a block
+             * row or column with the one before; check makes sure they agree */
+            const tps_piece *pa = &t->pieces[a];
+            int ok = pa->xf.rep_n ? pa->lo <= expect_lo && pa->hi > expect_lo
+                                  : pa->lo == expect_lo;
+            TPS_FAIL_IF(!ok, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': its pieces along dim %d leave a gap or overlap at %llu "
                         "(each row must be held once, replicas aside)",
                         mpath, t->name, t->dim, (unsigned long long)expect_lo);
-            expect_lo = t->pieces[a].hi;
+            expect_lo = pa->hi;
         }
         if (!complete) expect_lo = t->shape[t->dim];
     }

@@ -317,6 +317,11 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
             (unsigned long long)p->nbytes);
     /* dim -1: every piece is the whole tensor, copies by definition */
     if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
+    if (p->xf) {
+        const tps_xform *x = &L->xforms[p->xf - 1];
+        fprintf(f, ", \"refine\": [%u, %u, %llu, %llu]", x->rep_n, x->rep_k,
+                (unsigned long long)x->skip, (unsigned long long)x->out);
+    }
     const cJSON *pc = cJSON_GetObjectItemCaseSensitive(pe, "crc32");
     if (E->slots[rk].file >= 0)
         fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);

@@ -201,6 +201,46 @@ static tps_err plan_tasks(engine *E)
     return TPS_OK;
 }
 
+/* A refined piece (tps_xform): the whole region's len bytes, each element
+ * widened to F32 and repeated rep_n x rep_k times, the region's dim cropped
+ * to `out` repeated rows or columns from `skip`, in one write. */
+static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, uint64_t off,
+                             int fd, const char *path, uint64_t at)
+{
+    const tps_layout *L = E->L;
+    const tps_lpiece *p = &L->pieces[pi];
+    const tps_region *g = &L->regions[p->region];
+    const tps_ctensor *t = &E->ck->t[g->src];
+    const tps_xform *x = &L->xforms[p->xf - 1];
+    uint64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
+    if (g->dim == 0) rows = g->hi - g->lo;
+    if (g->dim == 1) cols = g->hi - g->lo;
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    if (off || len != rows * cols * es || t->ndim != 2)
+        return tps_fail(E->ctx, TPS_E_ARG,
+                        "%s: tensor '%s': a refined scale piece must be written whole", path,
+                        t->name);
+    uint64_t orows = g->dim == 0 ? x->out : rows * x->rep_n;
+    uint64_t ocols = g->dim == 1 ? x->out : cols * x->rep_k;
+    uint64_t sr = g->dim == 0 ? x->skip : 0, sc = g->dim == 1 ? x->skip : 0;
+    float *o = tps_xmalloc((size_t)(orows * ocols) * sizeof *o + 1);
+    if (!o) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    const unsigned char *in = buf;
+    for (uint64_t i = 0; i < orows; i++)
+        for (uint64_t j = 0; j < ocols; j++) {
+            uint64_t si = (i + sr) / x->rep_n, sj = (j + sc) / x->rep_k;
+            tps_widen_f32(t->dtype, in + (si * cols + sj) * es, &o[i * ocols + j], 1);
+        }
+    tps_err rc = (orows * ocols * 4 == p->nbytes)
+                     ? tps_pwrite_full(E->ctx, fd, path, o, (size_t)p->nbytes, at)
+                     : tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': refined piece of %llu "
+                                "bytes, %llu expected", path, t->name,
+                                (unsigned long long)(orows * ocols * 4),
+                                (unsigned long long)p->nbytes);
+    free(o);
+    return rc;
+}
+
 /* Writes len bytes that start `off` bytes into piece pi's region. */
 static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
@@ -209,6 +249,7 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     const oslot *s = &E->slots[E->piece_rt[pi]];
     ofile *f = &E->files[s->file];
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
+    if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
     if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
     /* Widened to F32 (a scale): whole elements, as tasks cut them. */
     size_t es = tps_dtype_bits(sd) / 8;
@@ -747,14 +788,15 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (o->tp && o->tp != L->tp)
         return tps_fail(ctx, TPS_E_ARG, "split options say tp %d but the layout was made for tp %d",
                         o->tp, L->tp);
-    /* A manifest lists every (tensor, rank): past this it would outgrow what
-     * check, merge and verify read back (about 235 bytes an entry). */
-    if ((uint64_t)L->npieces + L->nrt > TPS_MAX_MANIFEST_ENTRIES)
+    /* A manifest lists every (tensor, rank) piece, and a serving layout's
+     * every rank tensor: past this either list would outgrow what check,
+     * merge and verify read back (about 235 bytes an entry). */
+    size_t most = L->npieces > L->nrt ? L->npieces : L->nrt;
+    if (most > TPS_MAX_MANIFEST_ENTRIES)
         return tps_fail(ctx, TPS_E_NOMEM,
-                        "%s: %zu tensors at tp %d make %llu tensor-rank entries, over the %d a "
+                        "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %d a "
                         "manifest may hold (check, merge and verify could not read it back)",
-                        ck->path, ck->n, L->tp, (unsigned long long)(L->npieces + L->nrt),
-                        TPS_MAX_MANIFEST_ENTRIES);
+                        ck->path, ck->n, L->tp, most, TPS_MAX_MANIFEST_ENTRIES);
     all = tps_xcalloc((size_t)L->tp, 1);
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");

@@ -166,10 +166,15 @@ def _expert_block_rule(sch, I, H, t, layout):
         raise Refused(f"experts' {I} rows do not split over {t}", ["expert"])
     ip = I // t
     if ip % bn == 0 and (t == 1 or ip % bk == 0):
-        return
+        return 0
     g = int(np.gcd.reduce([bn, bk, ip, H]))
     if g >= 32 and sch["method"] == "fp8" and layout == "vllm":
-        raise Refused(f"vLLM refines the experts' scale grid to {g} x {g}", ["refined", "tp values that work"])
+        # refine_fp8_moe_block_shape: the loader upsamples, then narrows at
+        # (rows // t) * rank, which lands on the rank's rows only when the
+        # experts are whole blocks
+        if I % bn or H % bn or I % bk or H % bk:
+            raise Refused(f"refined grid {g} x {g} over partial blocks", ["refined", "tp values that work"])
+        return g
     raise Refused(f"experts: {ip} rows per rank are not whole blocks of {bn}",
                   ["not whole blocks", "tp values that work"])
 
@@ -228,7 +233,15 @@ def _attention(out, sch, tensors, p, r, tp, A, K, D, layout):
                 out[a + "attn." + x] = (mdt, [1], qo.scalar_bytes(mdt, 0.0))
 
 
-def _experts(out, sch, tensors, base, pre, leaves, r, tp, ep, E, I, H):
+def _refined(s, fn, fk):
+    """RoutedExperts.weight_loader: loaded_weight.repeat_interleave(bn // g,
+    dim=-2).repeat_interleave(bk // g, dim=-1), F32 [rows, cols]."""
+    dt, shape, data = _f32(s)
+    a = np.frombuffer(data, dtype="<f4").reshape(shape)
+    return np.repeat(np.repeat(a, fn, axis=0), fk, axis=1)
+
+
+def _experts(out, sch, tensors, base, pre, leaves, r, tp, ep, E, I, H, grid=0):
     """The rank's expert scale stacks under base (…experts[.routed_experts].)."""
     g, u, d = leaves
     t = 1 if ep else tp
@@ -241,6 +254,26 @@ def _experts(out, sch, tensors, base, pre, leaves, r, tp, ep, E, I, H):
         return tensors[f"{pre}.{e}.{leaf}.{suffix}"]
 
     w13, w2 = [], []
+    if grid:
+        bn, bk = sch["block"]
+        fn, fk, P, Hg = bn // grid, bk // grid, ip // grid, -(-H // grid)
+        for e in local:
+            for leaf in (leaves[0], leaves[1]):  # _load_w13
+                u_ = _refined(sc(e, leaf), fn, fk)
+                per = u_.shape[0] // t
+                if per != P or u_.shape[1] != Hg:
+                    raise Refused("refined rows", ["refined"])
+                w13.append(("F32", [P, Hg], u_[per * rank:per * rank + per].astype("<f4").tobytes()))
+            u_ = _refined(sc(e, leaves[2]), fn, fk)  # _load_w2
+            per = u_.shape[1] // t
+            if per != P or u_.shape[0] != Hg:
+                raise Refused("refined columns", ["refined"])
+            w2.append(("F32", [Hg, P], np.ascontiguousarray(
+                u_[:, per * rank:per * rank + per]).astype("<f4").tobytes()))
+        n = len(local)
+        out[base + "w13_" + suffix] = _stack(w13, [n, 2 * P, Hg])
+        out[base + "w2_" + suffix] = _stack(w2, [n, Hg, P])
+        return
     for e in local:
         if sch["kind"] == "block":
             bn, bk = sch["block"]
@@ -291,8 +324,7 @@ def expected_ranks(model_dir, layout, tp, ep=False):
     if layout == "sglang" and sch["kind"] != "block":
         raise Refused("SGLang post-processes per-tensor and per-channel FP8 weights",
                       [sch["kind"]])
-    if sch["kind"] == "block":
-        _expert_block_rule(sch, I, H, 1 if ep else tp, layout)
+    g = _expert_block_rule(sch, I, H, 1 if ep else tp, layout) if sch["kind"] == "block" else 0
     plain = {n: t for n, t in tensors.items()
              if not n.endswith((".weight_scale_inv", ".weight_scale", ".input_scale"))}
     cfg = {k: v for k, v in config.items() if k != "quantization_config"}
@@ -307,7 +339,7 @@ def expected_ranks(model_dir, layout, tp, ep=False):
             _attention(ranks[r], sch, tensors, p, r, tp, A, K, D, layout)
             pre = p + moe + ".experts"
             base = pre + (".routed_experts." if layout == "vllm" else ".")
-            _experts(ranks[r], sch, tensors, base, pre, leaves, r, tp, ep, E, I, H)
+            _experts(ranks[r], sch, tensors, base, pre, leaves, r, tp, ep, E, I, H, g)
     return ranks
 
 

@@ -52,6 +52,13 @@ MODELS = {
     # vLLM holds on a refined 32 x 32 grid
     "q3-block-refine": ("qwen3_moe", "fp8-block",
                         {"H": 256, "I": 384, "D": 128, "block": (128, 128), "layers": 1}),
+    # --ep: each expert whole, 96 rows: not whole 128-blocks even at MoE tp 1,
+    # refined to 32 x 32 (g = gcd(128, 128, 96, 256))
+    "q3-block-refine-ep": ("qwen3_moe", "fp8-block",
+                           {"H": 256, "I": 96, "D": 128, "block": (128, 128), "layers": 1}),
+    # experts of 320 rows (2.5 blocks): at tp 4 80 rows a rank, g = 16 < 32
+    "q3-block-refine-partial": ("qwen3_moe", "fp8-block",
+                                {"H": 256, "I": 320, "D": 128, "block": (128, 128), "layers": 1}),
 }
 _BUILT = {}
 
@@ -123,8 +130,12 @@ def run_case(name, layout, tp, ep=False, full=False):
     path = sorted(glob.glob(os.path.join(out, f"model-rank-{tp - 1}-part-*.safetensors")))[-1]
     with safe_open(path, framework="numpy") as h:
         keys = [k for k in h.keys() if "w2_weight_scale" in k or "w13_weight_scale" in k]
-    victim = sorted(keys)[0]
-    tampered = out + "-tampered"
+    for victim in (sorted(k for k in keys if "w13_" in k)[:1] + sorted(k for k in keys if "w2_" in k)[:1]):
+        tamper_case(label, out, m, tp, path, victim)
+
+
+def tamper_case(label, out, m, tp, path, victim):
+    tampered = out + "-tampered-" + victim.rsplit(".", 1)[1]
     subprocess.run(["cp", "-r", out, tampered], check=True)
     ranktest.flip_bit(os.path.join(tampered, os.path.basename(path)), victim)
     rc, so_, se = tps("verify", tampered, "--source", m, "--json")
@@ -299,8 +310,10 @@ def main():
         run_case("q3-block-i96", layout, 2)
         run_case("q3-block-i96", layout, 1)
         run_case("q3-block-i96", layout, 4, ep=True)
-        run_case("q3-block-refine", layout, 2)
-        run_case("q3-block-refine", layout, 4)
+        run_case("q3-block-refine", layout, 2, full=(layout == "vllm"))
+        run_case("q3-block-refine", layout, 4, full=(layout == "vllm"))
+        run_case("q3-block-refine-ep", layout, 2, ep=True, full=(layout == "vllm"))
+        run_case("q3-block-refine-partial", layout, 4)
     deepseek()
     deepseek_fused_shared()
     return 1 if ranktest.fails() else 0
