@@ -291,6 +291,43 @@ def deepseek_fused_shared():
            "passes", se + so_[-800:])
 
 
+def to_bf16(t):
+    """An F32 tensor's values truncated to BF16 (the top half of each)."""
+    dt, shape, data = t
+    return ("BF16", shape, b"".join(data[4 * i + 2:4 * i + 4] for i in range(len(data) // 4)))
+
+
+def bad_inputs():
+    """FP8 experts that do not fit: exit 1 naming the tensor, nothing written."""
+    m = model("q3-block")
+    config, tensors = mo.so.load_checkpoint(m)
+    e0 = "model.layers.1.mlp.experts.2.up_proj"
+    cases = [
+        ("an expert without its scale", lambda t: t.pop(e0 + ".weight_scale_inv"), e0 + ".weight"),
+        ("an expert scale not of its weight's block grid",
+         lambda t: t.__setitem__(e0 + ".weight_scale_inv",
+                                 ("F32", [1, 1], t[e0 + ".weight_scale_inv"][2][:4])),
+         e0 + ".weight_scale_inv"),
+        ("an expert past num_experts", lambda t: [
+            t.__setitem__(n.replace(".experts.3.", ".experts.9."), t[n])
+            for n in list(t) if ".layers.0.mlp.experts.3." in n], "experts.9"),
+        ("an expert scale of another dtype than the others",
+         lambda t: t.__setitem__(e0 + ".weight_scale_inv", to_bf16(t[e0 + ".weight_scale_inv"])),
+         "quantized like"),
+    ]
+    for k, (what, edit, name) in enumerate(cases):
+        t = dict(tensors)
+        edit(t)
+        bad = os.path.join(TMP, f"bad-{k}")
+        mo.qo.write_model(bad, config, t)
+        for layout in ("vllm", "sglang"):
+            out = os.path.join(TMP, f"bad-{k}-{layout}")
+            rc, so_, se = tps("split", bad, "--tp", 2, "--layout", layout, "-o", out, "-q")
+            problems = ranktest.refusal_problems(rc, se, out, name, what)
+            report(not problems, f"moe fp8 {layout} bad input: {what}: exit 1, names {name}, "
+                   f"writes nothing", "\n".join(problems) + "\n" + se)
+
+
 def main():
     rc, so_, se = tps("--version")
     if rc != 0:
@@ -316,6 +353,7 @@ def main():
         run_case("q3-block-refine-partial", layout, 4)
     deepseek()
     deepseek_fused_shared()
+    bad_inputs()
     return 1 if ranktest.fails() else 0
 
 
