@@ -555,6 +555,7 @@ tps_err tps_check_json(tps_ctx *ctx, const char *dir, const tps_check_result *r,
     jw_begin(&w, 1);
     jw_kstr(&w, "dir", dir);
     jw_kint(&w, "tp", r->tp);
+    if (r->pp > 1) jw_kint(&w, "pp", r->pp);
     jw_kint(&w, "ranks_present", r->ranks_present);
     jw_kstr(&w, "missing_ranks", r->missing_ranks);
     jw_kbool(&w, "complete", r->complete);
@@ -653,15 +654,22 @@ tps_err tps_verify_json(tps_ctx *ctx, const tps_verify_opts *o, const tps_verify
 
 tps_err tps_split_default_dir(tps_ctx *ctx, const tps_ckpt *ck, int tp, char **out)
 {
+    return tps_split_default_dir_pp(ctx, ck, tp, 1, out);
+}
+
+tps_err tps_split_default_dir_pp(tps_ctx *ctx, const tps_ckpt *ck, int tp, int pp, char **out)
+{
     *out = NULL;
+    char sfx[24] = "";
+    if (pp > 1) snprintf(sfx, sizeof sfx, "-pp%d", pp);
     char *tmp = tps_strdup(tps_ckpt_path(ck));
     if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     size_t l = strlen(tmp);
     while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
     const char *parent = tps_ckpt_kind(ck) == TPS_SRC_FILE ? tps_ckpt_dir(ck) : dirname(tmp);
     /* Not into the Hugging Face cache: where the user is. */
-    if (ck->hub) *out = tps_asprintf("%s-tp%d", tps_ckpt_stem(ck), tp);
-    else *out = tps_asprintf("%s/%s-tp%d", parent, tps_ckpt_stem(ck), tp);
+    if (ck->hub) *out = tps_asprintf("%s-tp%d%s", tps_ckpt_stem(ck), tp, sfx);
+    else *out = tps_asprintf("%s/%s-tp%d%s", parent, tps_ckpt_stem(ck), tp, sfx);
     free(tmp);
     return *out ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
 }

@@ -133,7 +133,8 @@ static tps_err expect_layout(vctx *V)
     if (ck->plan_text) /* packed tensors: their sections are the plan's */
         TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
                                  strlen(ck->plan_text), &V->plan));
-    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, V->tp, ck->layout_ep, st, &V->lay));
+    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
+                                     ck->stage_layers, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);
@@ -162,7 +163,7 @@ static tps_err refuse_partial(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
     char miss[256] = "";
     size_t ml = 0;
     int present = 0;
-    for (int r = 0; r < ck->tp; r++) {
+    for (int r = 0; r < ck->nranks; r++) {
         if (ck->rank_present[r]) {
             present++;
             continue;
@@ -170,12 +171,12 @@ static tps_err refuse_partial(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
         int w = snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
         if (w > 0 && ml + (size_t)w < sizeof miss) ml += (size_t)w;
     }
-    if (present == ck->tp) return TPS_OK;
+    if (present == ck->nranks) return TPS_OK;
     return tps_fail(ctx, TPS_E_PARTIAL,
                     "%s: partial: rank%s %s %s not written here yet (split --ranks; %d of %d "
                     "ranks present): verify needs every rank",
                     dir, strchr(miss, ',') ? "s" : "", miss, strchr(miss, ',') ? "are" : "is",
-                    present, ck->tp);
+                    present, ck->nranks);
 }
 
 /* Shards that differ from the source although they hold exactly the bytes
@@ -214,7 +215,10 @@ static tps_err open_inputs(vctx *V)
         tps_ckpt_kind(V->ck) != TPS_SRC_SHARDED, ctx, TPS_E_ARG,
         "%s: not a tpshard output directory (no %s): verify takes what `tpshard split` wrote",
         o->dir, TPS_MANIFEST);
-    V->tp = V->ck->tp;
+    /* With pipeline stages the ranks are the workers, tp x pp: a stage's tensors
+     * are on its tp ranks, and the ranks of the other stages hold none of them
+     * (empty shards to the products, which then run on the stage's ranks). */
+    V->tp = V->ck->nranks;
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
     TPS_CHECK(refuse_partial(ctx, V->ck, o->dir));
     if (V->ck->layout_target) TPS_CHECK(expect_layout(V));

@@ -27,7 +27,7 @@ class CheckResult(Structure):
     _fields_ = [("tp", c_int), ("ranks_present", c_int), ("files_checked", c_int),
                 ("tensors_checked", c_uint64), ("bytes_checked", c_uint64),
                 ("missing_ranks", c_char * 256), ("complete", c_int),
-                ("headers_checked", c_int)]
+                ("headers_checked", c_int), ("pp", c_int), ("ranks", c_int)]
 
 
 class MergeOpts(Structure):
