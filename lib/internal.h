@@ -933,8 +933,6 @@ void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, u
  * module path ("model.layers.12.self_attn.k_proj.weight": 12), or -1. */
 int tps_layer_of_name(const char *name);
 
-/* Bytes of tensor i on rank r under the layout. */
-uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);

@@ -291,6 +291,8 @@ int tps_layout_dim(const tps_layout *L, size_t i);
  * engine's load_weights skips it; the manifest lists it as dropped), or NULL. */
 const char *tps_layout_dropped(const tps_layout *L, size_t i);
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank);
+/* Bytes of tensor i on rank r under the layout (replicas included). */
+uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 size_t tps_layout_check_count(const tps_layout *L);
 void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
 /* NULL when accepted, else the first failed check's reason. */
