@@ -70,6 +70,12 @@ e = f["model-pp-1-tp-0-part-0.safetensors"]
 assert (e["rank"], e["stage"], e["tp_rank"], e["layers"]) == (2, 1, 0, [3, 5]), e
 PY
 proven "$U" "$o" "tp 2 x pp 2"
+run tps verify "$o" --source "$U" -v
+grep -q 'pipeline: every layer on its stage.s ranks  *stage .* ok$' "$OUT" &&
+  grep -q 'stage 0: layers 0-2 on ranks 0-1  *stage .* ok$' "$OUT" &&
+  grep -q 'stage 1: layers 3-4 on ranks 2-3  *stage .* ok$' "$OUT" &&
+  ok "verify -v: the whole (every layer on its stage's ranks) and a row per stage" ||
+  { notok "verify's stage rows"; grep -i stage "$OUT" | diag; }
 same "$U" "$o"
 
 # check catches one flipped byte of the last stage's head; verify names it
