@@ -639,6 +639,16 @@ typedef struct {
     size_t nstacks;
     char **model_types; /* only for these (none: every one) */
     size_t nmt;
+    /* fuse_shared: the sibling module (e.g. shared_experts) whose parts the
+     * engine stacks as one more expert, after the routed ones, when the
+     * config's first architecture is listed, the count is one of counts and
+     * config[shared_field] is 1; never under --ep. NULL: never. */
+    char *shared;
+    char **shared_arch;
+    size_t nshared_arch;
+    uint64_t shared_counts[8];
+    size_t nshared_counts;
+    char *shared_field;
     int line;
 } tps_lexperts;
 
@@ -695,6 +705,7 @@ typedef struct tps_lspec {
     /* quantized checkpoints: scales as the engine holds them */
     int scale_f32;          /* every scale and input scale widened to F32 */
     int scalar_as_1;        /* 0-dim per-tensor scales written [1] */
+    int refine_moe_blocks; /* scales: refine_expert_blocks: the engine refines FP8 expert blocks */
     unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
     char *refuse_scales_reason;
     tps_ldrop *drops;

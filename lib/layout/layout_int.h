@@ -119,6 +119,16 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f, const size_t *i
                                   const uint64_t *heads, const uint64_t *nrows_of,
                                   const char *scale_name, const char *input_name);
 
+/* Experts' FP8 blocks whole on every rank (or a refusal with the tp values
+ * that work): 0 when they are not; w0 is expert 0's first weight. */
+int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E, uint64_t I,
+                            uint64_t H);
+/* The scales (and input scales) of stack st on rank r, beside its weights:
+ * idx[e * nidx + k0 + j] is expert e's part j; Er experts on the rank. */
+tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *into,
+                                  const tps_lstack *st, const size_t *idx, size_t nidx,
+                                  size_t k0, uint64_t Er, uint64_t I, int r);
+
 /* layout_vocab.c */
 /* Rows per rank of a padded vocabulary of n rows: 0 and a refusal when an
  * even split does not divide. */

@@ -282,11 +282,32 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
 {
     static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks",
-                                        "model_types"};
+                                        "model_types", "fuse_shared"};
     static const char *const rknown[] = {"module", "as"};
     static const char *const sknown[] = {"name", "parts", "split"};
-    const ynode *v[7], *rv[2];
-    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 7, v));
+    static const char *const fknown[] = {"module", "architectures", "counts", "shared"};
+    const ynode *v[8], *rv[2], *fv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 8, v));
+    if (v[7]) {
+        TPS_TRY(tps_pl_map_fields(pc, v[7], "fuse_shared", fknown, 4, fv));
+        if (!fv[0] || !fv[1] || !fv[2] || !fv[3])
+            return tps_pl_perr(pc, v[7]->line, "'fuse_shared' needs 'module', 'architectures', "
+                                               "'counts' and 'shared'");
+        TPS_TRY(tps_pl_get_str(pc, fv[0], "module", &x->shared));
+        TPS_TRY(check_leaf(pc, fv[0]));
+        TPS_TRY(tps_pl_get_str_list(pc, fv[1], "architectures", NULL, &x->shared_arch,
+                                    &x->nshared_arch));
+        if (fv[2]->type != YN_SEQ || fv[2]->n < 1 || fv[2]->n > 8)
+            return tps_pl_perr(pc, fv[2]->line, "fuse_shared: 'counts' is a list of 1 to 8 counts");
+        for (size_t i = 0; i < fv[2]->n; i++) {
+            double d;
+            if (tps_pl_y_number(fv[2]->kid[i], &d) || d < 1 || d > 65536 || d != (uint64_t)d)
+                return tps_pl_perr(pc, fv[2]->line, "fuse_shared: a count is a positive integer");
+            x->shared_counts[x->nshared_counts++] = (uint64_t)d;
+        }
+        TPS_TRY(tps_pl_get_str(pc, fv[3], "shared", &x->shared_field));
+        TPS_TRY(tps_pl_check_field_name(pc, fv[3], "shared"));
+    }
     if (v[6]) TPS_TRY(tps_pl_get_str_list(pc, v[6], "model_types", NULL, &x->model_types, &x->nmt));
     x->line = m->line;
     if (!v[0] || !v[1] || !v[5])
@@ -340,13 +361,19 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     return TPS_OK;
 }
 
-/* scales: {dtype, per_tensor_shape, refuse, reason}: how the engine wants a
+/* scales: {dtype, per_tensor_shape, refuse, reason, refine_expert_blocks}: how the engine wants a
  * quantized checkpoint's scales written, and the kinds it cannot load. */
 static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
-    const ynode *qv[4];
-    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 4, qv));
+    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason",
+                                         "refine_expert_blocks"};
+    const ynode *qv[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 5, qv));
+    if (qv[4]) {
+        if (qv[4]->type != YN_SCALAR || (strcmp(qv[4]->s, "true") && strcmp(qv[4]->s, "false")))
+            return tps_pl_perr(pc, qv[4]->line, "scales: refine_expert_blocks is true or false");
+        s->refine_moe_blocks = !strcmp(qv[4]->s, "true");
+    }
     if (qv[0]) {
         if (qv[0]->type != YN_SCALAR || strcmp(qv[0]->s, "F32"))
             return tps_pl_perr(pc, qv[0]->line, "scales: dtype is F32 (or absent: as stored)");
@@ -632,6 +659,9 @@ void tps_lspec_free(tps_lspec *s)
         free(x->router);
         free(x->router_as);
         tps_pl_strv_free(x->model_types, x->nmt);
+        free(x->shared);
+        tps_pl_strv_free(x->shared_arch, x->nshared_arch);
+        free(x->shared_field);
         for (size_t j = 0; j < x->nstacks; j++) {
             free(x->stacks[j].name);
             tps_pl_strv_free(x->stacks[j].parts, x->stacks[j].nparts);
