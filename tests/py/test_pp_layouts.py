@@ -3,7 +3,7 @@ worker's file holds exactly what vLLM 0.33 builds on that worker.
 
 The TP-only state dict of each rank comes from the oracles that do not read
 tpshard (serving_oracle.py for the dense families, family_oracle.py for the
-mixtures of experts, --ep included); pp_oracle.py then gives each stage what
+mixtures of experts, --ep included, moe_quant_oracle.py for FP8 ones); pp_oracle.py then gives each stage what
 vLLM's model code builds there (get_pp_indices, first/last or every stage).
 For each case:
   - the files are exactly model-pp-{s}-tp-{r}-part-*.safetensors for s < P,
@@ -41,6 +41,7 @@ import gen  # noqa: E402
 import serving_oracle as so  # noqa: E402
 import family_oracle as fo  # noqa: E402
 import pp_oracle as ppo  # noqa: E402
+import moe_quant_oracle as mqo  # noqa: E402
 import ranktest  # noqa: E402
 from ranktest import report  # noqa: E402
 import jsonlog  # noqa: E402
@@ -57,6 +58,9 @@ MODELS = {
     "qwen3moe-3l": ("moe", lambda out: fo.qwen3_moe_checkpoint(out, layers=3)),
     "qwen3moe-tied-4l": ("moe", lambda out: fo.qwen3_moe_checkpoint(out, layers=4, tied=True)),
     "mixtral-4l": ("moe", lambda out: fo.mixtral_checkpoint(out, layers=4)),
+    # FP8 experts (block and per-tensor scales) and attention
+    "qwen3moe-fp8block-3l": ("fp8", lambda out: mqo.build(out, "qwen3_moe", "fp8-block", layers=3)),
+    "mixtral-cttensor-3l": ("fp8", lambda out: mqo.build(out, "mixtral", "ct-tensor", layers=3)),
 }
 
 # (model, tp, pp, extra split arguments, ep, env partition, oracle partition)
@@ -73,6 +77,9 @@ CASES = [
     ("qwen3moe-tied-4l", 2, 2, [], False, None, None),
     ("mixtral-4l", 2, 2, ["--ep"], True, None, None),
     ("mixtral-4l", 2, 4, [], False, None, None),
+    ("qwen3moe-fp8block-3l", 2, 2, [], False, None, None),
+    ("qwen3moe-fp8block-3l", 2, 3, ["--ep"], True, None, None),
+    ("mixtral-cttensor-3l", 1, 3, [], False, None, None),
 ]
 
 
@@ -141,8 +148,10 @@ def check_case(label, tp, pp, extra, ep, env, layers):
     import json
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
-    base = (so.expected_ranks(model, "vllm", tp) if MODELS[label][0] == "dense"
-            else fo.expected_ranks(model, "vllm", tp, ep=ep))
+    kind = MODELS[label][0]
+    base = (so.expected_ranks(model, "vllm", tp) if kind == "dense"
+            else fo.expected_ranks(model, "vllm", tp, ep=ep) if kind == "moe"
+            else mqo.expected_ranks(model, "vllm", tp, ep=ep))
     want = ppo.split_stages(base, config, tp, pp, layers)
     rc, so_, se = tps("split", model, "--tp", tp, "--pp", pp, "--layout", "vllm", "-o", out, "-q",
                       *extra, env={"VLLM_PP_LAYER_PARTITION": env} if env else None)
