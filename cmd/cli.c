@@ -245,7 +245,12 @@ int cli_pipeline(const char *usage, const char *cmd, long *pp, const char *pp_la
         *pp = 1;
         for (const char *c = pp_layers; *c; c++) *pp += *c == ',';
     }
-    if (*pp <= 1 && !pp_layers) return 0;
+    if (*pp <= 1 && !pp_layers) {
+        if (ev && *ev)
+            cli_info("%s: VLLM_PP_LAYER_PARTITION=%s is set, but there is one pipeline stage: "
+                     "ignored", cmd, ev);
+        return 0;
+    }
     if (!tps_layout_spec_has_pipeline(spec)) {
         char list[256] = "";
         size_t o = 0;
