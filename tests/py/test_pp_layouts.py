@@ -55,6 +55,11 @@ MODELS = {
                                " --vocab 1007 --tied"),
     "llama-tied-7l": ("dense", "llama --layers 7 --hidden 32 --heads 4 --kv-heads 4 --inter 64"
                                " --vocab 250 --tied"),
+    # vocabulary 100 at tp 8: padded to 128, the last rank's real rows empty
+    "llama-tied-v100": ("dense", "llama --layers 2 --hidden 64 --heads 8 --kv-heads 8 --inter 64"
+                                 " --vocab 100 --tied"),
+    "qwen3moe-v100": ("moe", lambda out: fo.qwen3_moe_checkpoint(out, heads=8, kv_heads=8,
+                                                                 vocab=100, experts=8, layers=2)),
     "qwen3moe-3l": ("moe", lambda out: fo.qwen3_moe_checkpoint(out, layers=3)),
     "qwen3moe-tied-4l": ("moe", lambda out: fo.qwen3_moe_checkpoint(out, layers=4, tied=True)),
     "mixtral-4l": ("moe", lambda out: fo.mixtral_checkpoint(out, layers=4)),
@@ -72,6 +77,8 @@ CASES = [
     ("qwen3-tied-4l", 2, 2, [], False, None, None),
     ("qwen3-tied-4l", 1, 3, [], False, None, None),
     ("llama-tied-7l", 2, 3, [], False, None, None),
+    ("llama-tied-v100", 8, 2, [], False, None, None),
+    ("qwen3moe-v100", 8, 2, ["--ep"], True, None, None),
     ("qwen3moe-3l", 2, 2, [], False, None, None),
     ("qwen3moe-3l", 1, 3, [], False, None, None),
     ("qwen3moe-tied-4l", 2, 2, [], False, None, None),
