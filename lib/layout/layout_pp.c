@@ -167,19 +167,19 @@ static tps_err copy_rt(cstate *C, size_t k, int w, const char *name)
     return TPS_OK;
 }
 
-/* Is rank tensor k the tied head, written from the embedding? */
-static int tied_source(const cstate *C, size_t k)
+/* Is rank tensor k the tied head, written from the embedding (the
+ * checkpoint has the embedding and no head of its own)? By name: a rank
+ * whose vocabulary rows are all padding holds no byte of the embedding. */
+static int tied_head(const cstate *C, size_t k)
 {
-    const tps_layout *L = C->L;
-    const tps_lspec *s = L->spec;
-    const tps_rtensor *rt = &L->rt[k];
-    if (!s->tied_head || !s->tied_embedding || !rt->npieces) return 0;
-    const tps_lpiece *p = &L->pieces[rt->piece0];
-    if (p->kind != TPS_PK_SRC) return 0;
-    const char *src = C->ck->t[L->regions[p->region].src].name;
-    size_t hl = strlen(s->tied_head), el = strlen(s->tied_embedding);
-    return !strncmp(rt->name, s->tied_head, hl) && !strcmp(rt->name + hl, ".weight") &&
-           !strncmp(src, s->tied_embedding, el) && !strcmp(src + el, ".weight");
+    const tps_lspec *s = C->L->spec;
+    const char *nm = C->L->rt[k].name;
+    if (!s->tied_head || !s->tied_embedding) return 0;
+    size_t hl = strlen(s->tied_head);
+    if (strncmp(nm, s->tied_head, hl) || strcmp(nm + hl, ".weight")) return 0;
+    char emb[512];
+    snprintf(emb, sizeof emb, "%s.weight", s->tied_embedding);
+    return tps_ckpt_find(C->ck, nm) < 0 && tps_ckpt_find(C->ck, emb) >= 0;
 }
 
 static void move_rt(tps_layout *L, size_t k, int w)
@@ -230,7 +230,7 @@ tps_err tps_lc_pipeline(cstate *C)
         }
         /* The tied head written from the embedding: the last stage's
          * lm_head.weight, and on the first stage the embedding itself. */
-        if (last && tied_source(C, k)) {
+        if (last && tied_head(C, k)) {
             if (!tied_emb) {
                 tied_emb = tps_lc_own_name(C, tps_asprintf("%s.weight", s->tied_embedding));
                 if (!tied_emb) return nomem(C);
