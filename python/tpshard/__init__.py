@@ -372,9 +372,10 @@ def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
 
     Returns:
         The document: ok (False when a check rejects the split), model, plan,
-        layout, target, tp, ep, quantization, rejected (why, or None), untie,
+        layout, target, tp, pp, stages ([{stage, layers, ranks}]), ep, quantization, rejected (why, or None), untie,
         layers, checks ([{check, verdict, detail}]), tensors ([{name, dtype,
-        style, placement, rule, shape, local_shapes}]), rank_bytes,
+        style, placement, rule, shape, stages, local_shapes}]), rank_bytes (every rank:
+        tp x pp of them),
         source_bytes and replication_overhead.
 
     Raises:
@@ -474,7 +475,7 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
 
     Returns:
         The document: ok, schema_version, model, output, plan, layout, target,
-        tp, ep, ranks_written, files_written, bytes_written and rank_bytes (the
+        tp, pp, stages, ep, ranks_written, files_written, bytes_written and rank_bytes (the
         tensor bytes of each rank; 0 for ranks not written).
 
     Raises:
