@@ -344,6 +344,9 @@ struct tps_ckpt {
     cJSON *config;   /* NULL when no config.json */
     cJSON *manifest; /* sharded dirs */
     int tp;          /* sharded dirs */
+    int pp;          /* sharded dirs: pipeline stages (1 without pp) */
+    int nranks;      /* sharded dirs: tp * pp ranks (workers); rank w is stage w / tp */
+    int *stage_first, *stage_layers; /* sharded dirs, pp > 1: the manifest's stages */
     char **origins;  /* original file names, in order (sharded: from manifest) */
     size_t norigins;
     cJSON *origin_meta; /* {file: {__metadata__}} */
@@ -729,6 +732,17 @@ typedef struct tps_lspec {
     int has_keys;
     tps_lrename *renames;
     size_t nrenames;
+    /* pipeline (has_pipeline): how the engine builds a stage's model. The layers
+     * (modules under pp_layers, e.g. model.layers.N) split into stages by the
+     * engine's partition; the modules outside them are built on the first
+     * stage (pp_first), the last (pp_last), or, for the model types in
+     * pp_every, on every stage. A tied head is on the last stage, and the
+     * first holds it under the embedding's name, unless every stage has both. */
+    int has_pipeline;
+    char *pp_layers;      /* module path of the decoder layers' list, e.g. "model.layers" */
+    char *pp_count;       /* config count of the layers, e.g. "num_hidden_layers" */
+    char **pp_first, **pp_last, **pp_every;
+    size_t npp_first, npp_last, npp_every;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
@@ -894,6 +908,13 @@ struct tps_layout {
     tps_quant *q;          /* quantized checkpoints: scales follow their weights */
     int tp;
     int ep;                /* experts whole on one rank each (split --ep) */
+    /* pipeline parallelism (a layout with a pipeline section): pp stages of
+     * tp ranks each; rank (worker) w is stage w / tp, tensor-parallel rank
+     * w % tp, and nranks = tp * pp. Stage s holds layers
+     * [stage_first[s], stage_first[s] + stage_layers[s]). */
+    int pp, nranks;
+    int *stage_first, *stage_layers;
+    int pp_from_env;       /* the partition came from VLLM_PP_LAYER_PARTITION */
     tps_place *p;     /* same order as ck->t */
     size_t n;
     tps_check_outcome *checks;
@@ -924,8 +945,8 @@ struct tps_layout {
 /* The layout of a directory split earlier: styles as its manifest recorded
  * them (no plan), the layout file it used, and the directory's config. */
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
-                               const tps_lspec *spec, int tp, int ep, const tps_style *styles,
-                               tps_layout **out);
+                               const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
+                               const tps_style *styles, tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);
@@ -943,8 +964,6 @@ void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, u
  * module path ("model.layers.12.self_attn.k_proj.weight": 12), or -1. */
 int tps_layer_of_name(const char *name);
 
-/* Bytes of tensor i on rank r under the layout. */
-uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);

@@ -2,7 +2,7 @@
  * file) made rank tensors of pieces, stage by stage (the driver at the
  * end): the layout's served checks, the tied head, packed rows, --ep, what
  * the engine drops, experts, fused groups, everything else, the engine's
- * acceptance checks, then finish. Also the compile state's helpers every
+ * acceptance checks, the pipeline stages, then finish. Also the compile state's helpers every
  * stage uses (refusals, rank tensors, pieces and regions, splits, config
  * counts, the layout's split rule for a tensor) and place_simple, which
  * places one tensor replicated or split along a dim. A stage of its own goes
@@ -643,6 +643,8 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     }
     TPS_CHECK(place_rest(&C, emb));
     if (s && !C.why[0]) TPS_CHECK(acceptance_checks(&C));
+    /* the stages' workers: each tp rank's tensors on the stages that build them */
+    if (!C.why[0]) TPS_CHECK(tps_lc_pipeline(&C));
 out:
     if (!rc && C.why[0]) {
         int shown = 0;

@@ -18,6 +18,8 @@
  *                     fused with it, widened to F32
  *   layout_vocab.c    the padded vocabulary, the tied head, the engine's extra
  *                     entries, the engine's key set (keys, drop)
+ *   layout_pp.c       pipeline stages: the partition, the tp ranks' tensors put
+ *                     on the workers of the stages that build them
  *   layout_finish.c   finishing: regions and rank tensors sorted, every source
  *                     tensor's pieces indexed; the checks list (add_check)
  * A quantization method: its table entry is in lib/quant/; how its scales
@@ -141,6 +143,12 @@ tps_err tps_lc_place_extras(cstate *C, const tps_lfuse *f, const char *parent);
 tps_err tps_lc_drop(cstate *C); /* what the engine's load_weights skips */
 /* 1 and a refusal when the engine's key set lacks source tensor i. */
 int tps_lc_unkeyed(cstate *C, size_t i, int emb);
+
+/* layout_pp.c */
+/* L's stages: pp and the partition (layers, or the engine's), checked. */
+tps_err tps_lc_pp_setup(tps_ctx *ctx, tps_layout *L, int pp, const int *layers);
+/* The tp ranks' tensors on the workers of the stages that build them. */
+tps_err tps_lc_pipeline(cstate *C);
 
 /* layout_finish.c */
 tps_err tps_lc_add_check(cstate *C, const char *name, int ok, const char *detail);

@@ -55,6 +55,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->index_name);
     free(ck->rank_present);
     free(ck->rank_written);
+    free(ck->stage_first);
+    free(ck->stage_layers);
     free(ck->plan_name);
     free(ck->config_text);
     free(ck->config_out);

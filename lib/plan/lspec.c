@@ -444,15 +444,40 @@ static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
     return TPS_OK;
 }
 
+/* pipeline: {layers, count, first, last, every_stage}: how the engine builds
+ * one pipeline stage's model (see tps_lspec). */
+static tps_err parse_lpipeline(const pctx *pc, const ynode *m, tps_lspec *s)
+{
+    static const char *const known[] = {"layers", "count", "first", "last", "every_stage"};
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 5, v));
+    if (!v[0] || !v[1] || !v[3])
+        return tps_pl_perr(pc, m->line,
+                           "'pipeline' needs layers (the decoder layers' module path), count (the "
+                           "config field counting them) and last (the modules of the last stage)");
+    TPS_TRY(tps_pl_get_str(pc, v[0], "layers", &s->pp_layers));
+    TPS_TRY(tps_pl_check_pattern(pc, v[0]));
+    if (tps_pl_has_glob(s->pp_layers, strlen(s->pp_layers)))
+        return tps_pl_perr(pc, v[0]->line, "pipeline 'layers' is a module path, not a pattern");
+    TPS_TRY(tps_pl_get_str(pc, v[1], "count", &s->pp_count));
+    if (v[2]) TPS_TRY(tps_pl_get_str_list(pc, v[2], "first", tps_pl_check_pattern, &s->pp_first,
+                                          &s->npp_first));
+    TPS_TRY(tps_pl_get_str_list(pc, v[3], "last", tps_pl_check_pattern, &s->pp_last, &s->npp_last));
+    if (v[4]) TPS_TRY(tps_pl_get_str_list(pc, v[4], "every_stage", NULL, &s->pp_every,
+                                          &s->npp_every));
+    s->has_pipeline = 1;
+    return TPS_OK;
+}
+
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
                                         "vocab_padding_tp", "checks", "scales", "experts",
-                                        "drop", "keys", "rename"};
+                                        "drop", "keys", "rename", "pipeline"};
     static const char *const sknown[] = {"architectures", "model_types"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_RENAME, K_N };
+           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_RENAME, K_PIPE, K_N };
     const ynode *v[K_N], *sv[2];
     if (root->type != YN_MAP)
         return tps_pl_perr(pc, root->line,
@@ -553,6 +578,7 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
     }
     if (v[K_SCALES]) TPS_TRY(parse_lscales(pc, v[K_SCALES], s));
     if (v[K_TIED]) TPS_TRY(parse_ltied(pc, v[K_TIED], s));
+    if (v[K_PIPE] && !tps_pl_y_is_null(v[K_PIPE])) TPS_TRY(parse_lpipeline(pc, v[K_PIPE], s));
     if (v[K_OVR] && !tps_pl_y_is_null(v[K_OVR])) {
         if (v[K_OVR]->type != YN_SEQ || v[K_OVR]->n > PLAN_MAX_RULES)
             return tps_pl_perr(pc, v[K_OVR]->line,
@@ -599,6 +625,11 @@ void tps_lspec_free(tps_lspec *s)
     tps_pl_strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    free(s->pp_layers);
+    free(s->pp_count);
+    tps_pl_strv_free(s->pp_first, s->npp_first);
+    tps_pl_strv_free(s->pp_last, s->npp_last);
+    tps_pl_strv_free(s->pp_every, s->npp_every);
     free(s->refuse_scales_reason);
     for (size_t i = 0; i < s->ndrops; i++) {
         tps_pl_strv_free(s->drops[i].contains, s->drops[i].ncontains);

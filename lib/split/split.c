@@ -636,9 +636,11 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
         pe[m++] = (tps_st_entry){.name = rt->name, .dtype = rt->dtype, .ndim = rt->ndim,
                                  .shape = rt->shape, .nbytes = rt->nbytes};
     }
-    char rs[16], ts[16], ps[16], np[16];
-    snprintf(rs, sizeof rs, "%d", r);
-    snprintf(ts, sizeof ts, "%d", E->tp);
+    char rs[16], ts[16], ps[16], np[16], sr[16], ss[16];
+    snprintf(rs, sizeof rs, "%d", r % L->tp);
+    snprintf(ts, sizeof ts, "%d", L->tp);
+    snprintf(sr, sizeof sr, "%d", r / L->tp);
+    snprintf(ss, sizeof ss, "%d", L->pp);
     snprintf(ps, sizeof ps, "%d", p);
     snprintf(np, sizeof np, "%d", f->nparts);
     if (!L->spec) {
@@ -651,11 +653,12 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
         rc = tps_st_build_header(ctx, pe, m, mk, mv, 8, hdr, &f->hdr_len);
         free(pj);
     } else {
+        /* with pipeline stages, the worker's stage too (pp 1: as without) */
         const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan",
-                            "tool", "layout", "target"};
+                            "tool", "layout", "target", "pp_rank", "pp_size"};
         const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
-                            "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target};
-        rc = tps_st_build_header(ctx, pe, m, mk, mv, 9, hdr, &f->hdr_len);
+                            "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target, sr, ss};
+        rc = tps_st_build_header(ctx, pe, m, mk, mv, L->pp > 1 ? 11 : 9, hdr, &f->hdr_len);
     }
     if (!rc) {
         f->size = f->hdr_len;
@@ -675,14 +678,14 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
     tps_ctx *ctx = E->ctx;
     const tps_layout *L = E->L;
     size_t maxn = 0;
-    for (int r = 0; r < E->tp; r++)
+    for (int r = 0; r < E->nranks; r++)
         if (L->rank_rt[r + 1] - L->rank_rt[r] > maxn) maxn = L->rank_rt[r + 1] - L->rank_rt[r];
     tps_st_entry *ent = tps_xcalloc(maxn ? maxn : 1, sizeof *ent);
     int *fileof = tps_xcalloc(maxn ? maxn : 1, sizeof *fileof);
     tps_err rc = TPS_OK;
     TPS_FAIL_IF(!ent || !fileof, ctx, TPS_E_NOMEM, "out of memory");
     for (size_t i = 0; i < L->nrt; i++) E->slots[i].file = -1;
-    for (int r = 0; r < E->tp; r++) {
+    for (int r = 0; r < E->nranks; r++) {
         if (!E->write[r]) continue;
         size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0;
         for (size_t k = 0; k < n; k++) {
@@ -722,7 +725,9 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
             E->nfiles++;
             for (size_t k = 0; k < n; k++)
                 if (fileof[k] == p) E->slots[k0 + k].file = (int)(E->nfiles - 1);
-            f->final = tps_asprintf("%s/model-rank-%d-part-%d.safetensors", o->out_dir, r, p);
+            char fname[96];
+            tps_rank_file_name(L->tp, L->pp, r, p, fname, sizeof fname);
+            f->final = tps_asprintf("%s/%s", o->out_dir, fname);
             f->tmp = f->final ? tps_tmp_name(f->final) : NULL;
             f->nparts = part + 1;
             /* The header's length places the tensors; the header itself is
@@ -774,7 +779,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                   tps_split_result *res)
 {
     tps_err rc = TPS_OK;
-    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp, .wfd = -1};
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
     unsigned char *all = NULL;
     if (res) memset(res, 0, sizeof *res);
     if (L->rejected && L->spec)
@@ -797,11 +802,11 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                         "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %d a "
                         "manifest may hold (check, merge and verify could not read it back)",
                         ck->path, ck->n, L->tp, most, TPS_MAX_MANIFEST_ENTRIES);
-    all = tps_xcalloc((size_t)L->tp, 1);
+    all = tps_xcalloc((size_t)L->nranks, 1);
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
     int any = 0;
-    for (int r = 0; r < L->tp; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
+    for (int r = 0; r < L->nranks; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
     E.write = all;
     /* A --ranks run with no rank to write (split --ranks auto, more tasks than
      * ranks) leaves the directory to the others. */
@@ -859,7 +864,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;
         res->bytes_read = E.done;
         res->files_written = (int)E.nfiles;
-        for (int r = 0; r < L->tp; r++) res->ranks_written += all[r];
+        for (int r = 0; r < L->nranks; r++) res->ranks_written += all[r];
     }
 out:
     for (size_t i = 0; i < E.nfiles; i++) {
