@@ -54,3 +54,21 @@ def install_vllm(ps, tp, pp, tp_rank, pp_rank):
     # Expert parallelism off (the default): the EP group is the TP group's size,
     # only read to decide that experts are not distributed.
     ps._EP = FakeGroup(tp, tp_rank)
+
+
+def install_sglang(ps, parallel, tp, tp_rank):
+    """SGLang 0.5.23 reads its group handles from the runtime context
+    (get_parallel().tp_group etc.) and, in older code paths, from the module
+    globals of sglang.srt.distributed.parallel_state: set both.  Expert
+    parallelism, attention DP/CP and pipeline parallelism are off (size 1)."""
+    tp_g = FakeGroup(tp, tp_rank)
+    one = FakeGroup(1, 0)
+    groups = dict(world_group=FakeGroup(tp, tp_rank), tp_group=tp_g, attn_tp_group=tp_g,
+                  moe_tp_group=tp_g, shared_experts_tp_group=tp_g, pp_group=one,
+                  moe_ep_group=one, moe_dp_group=one, attn_cp_group=one, dcp_group=one)
+    parallel.override_permanently(**groups)
+    for name, g in (("_WORLD", "world_group"), ("_TP", "tp_group"), ("_ATTN_TP", "attn_tp_group"),
+                    ("_MOE_TP", "moe_tp_group"), ("_SHARED_EXPERTS_TP", "shared_experts_tp_group"),
+                    ("_PP", "pp_group"), ("_MOE_EP", "moe_ep_group"), ("_MOE_DP", "moe_dp_group"),
+                    ("_ATTN_CP", "attn_cp_group"), ("_DCP", "dcp_group")):
+        setattr(ps, name, groups[g])

@@ -183,8 +183,12 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
            "n_group": 2, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
            "norm_topk_prob": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
            "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "vocab_size": vocab,
-           "hidden_act": "silu", "max_position_embeddings": 4096, "rms_norm_eps": 1e-06,
+           "hidden_act": "silu", "max_position_embeddings": 16384, "rms_norm_eps": 1e-06,
            "rope_theta": 10000.0, "rope_interleave": True, "attention_bias": False,
+           # YaRN as DeepSeek-V3 ships it (SGLang's CPU rope path requires a rope_scaling)
+           "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                            "mscale_all_dim": 1.0},
            "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1}
     family_oracle.write_model(out, s, cfg, "BF16", seed)
     # the router bias is F32 in the published checkpoints
@@ -218,6 +222,7 @@ MODELS = {
     "mixtral": _fam(family_oracle.mixtral_checkpoint, hidden=32, heads=4, kv_heads=4,
                     experts=4, inter=16, vocab=256),
     "deepseek_v3": _copy("testdata/conformance/vllm-deepseekv3-bf16-tp2/model"),
+    "deepseek_v3-yarn": deepseek_v3,
     # dense FP8
     "llama-fp8-block": _quant("fp8-block-llama"),
     "qwen3-fp8-block-bf16scale": _quant("fp8-block-qwen3-i384", I=512),

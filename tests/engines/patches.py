@@ -25,5 +25,30 @@ def apply_vllm():
               "the parameters are created by Fp8LinearMethod.create_weights whatever the kernel")
 
 
+def _kernel_stub(module, names, why_engine, where, why):
+    """A module of kernels that are only called at forward time, each raising
+    if called: model building and loading never call them."""
+    import sys
+    import types
+
+    m = types.ModuleType(module)
+
+    def make(n):
+        def stub(*a, **k):
+            raise RuntimeError(f"{module}.{n} is a stub of the engine oracle: no forward pass here")
+        return stub
+    for n in names:
+        setattr(m, n, make(n))
+    sys.modules[module] = m
+    _note(why_engine, where, why)
+
+
 def apply_sglang():
-    pass
+    # SGLang's CPU engine (SGLANG_USE_CPU_ENGINE=1) needs sgl_kernel's CPU build,
+    # which PyPI does not carry (the sglang-kernel wheel needs libcuda), so the
+    # model is built on SGLang's generic (non-CUDA, non-CPU-engine) path.
+    _kernel_stub("vllm._custom_ops", ["rotary_embedding"], "sglang",
+                 "layers/rotary_embedding/base.py RotaryEmbedding.__init__",
+                 "on a platform that is neither CUDA nor SGLang's CPU engine it imports "
+                 "vllm._custom_ops.rotary_embedding as its forward kernel; a stub stands in "
+                 "(never called: no forward pass), the cos/sin cache is not in the state dict")

@@ -79,6 +79,7 @@ def main():
                 res["error"] = f"{type(e).__name__}: {e}"[:2000]
                 traceback.print_exc(file=sys.stderr)
             print(json.dumps(res), flush=True)
+    print(json.dumps({"patches": patches.PATCHES}), flush=True)
 
 
 if __name__ == "__main__":
