@@ -75,7 +75,7 @@ LAYOUTS := $(sort $(wildcard plans/layouts/*.yaml))
 BUILD_FLAGS := $(CUDA)|$(OPENMP)|$(DEBUG)|$(SANITIZE)|$(CC)
 
 .PHONY: all lib test check-deps deps demo install uninstall clean fuzz test-valgrind bench tests-bin \
-  wheel
+  wheel test-engines
 all: tpshard
 
 check-deps:
@@ -156,6 +156,15 @@ tests-bin: tpshard $(TEST_BINS) $(FUZZ_REPLAY) build/gen_llama build/tests/peakr
 test: tests-bin
 	@sh tools/deps.sh test
 	@TPS_SANITIZE="$(SANITIZE)" sh tests/run.sh
+
+# Opt-in, never in CI: tpshard's serving layouts against vLLM 0.33.0 and SGLang
+# 0.5.23 themselves, run on the CPU (tests/engines/README.md). Installs both
+# engines into build/engines-venv from PyPI the first time (~6 GB).
+# Ends with one line "N passed, M failed".
+test-engines: tpshard
+	@sh tests/py/venv.sh
+	@sh tests/engines/install.sh
+	@build/venv/bin/python tests/engines/run.py $(ENGINES_ARGS)
 
 test-valgrind: tests-bin
 	@VALGRIND=1 sh tests/run.sh cli

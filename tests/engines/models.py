@@ -1,0 +1,260 @@
+"""Tiny Hugging Face checkpoints for the engine oracle, by name.
+
+The project's own generators make the plain ones (testdata/gen.py for the dense
+families, tests/py/family_oracle.py for Phi-3, Qwen3-MoE and Mixtral,
+tests/py/quant_oracle.py for the dense FP8 presets, the DeepSeek-V3 model of
+testdata/conformance).  The FP8 mixture-of-experts and FP8 DeepSeek-V3 models
+are made here: the bf16 generator's model with its linear weights replaced by
+random E4M3 codes and scales, as the published FP8 checkpoints store them.
+Runs with the project's test venv (numpy).  Deterministic: same name, same bytes.
+
+    make(name, outdir) -> outdir
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "tests", "py"))
+sys.path.insert(0, os.path.join(TOP, "testdata"))
+import family_oracle  # noqa: E402
+import quant_oracle  # noqa: E402
+import serving_oracle  # noqa: E402
+
+
+def _gen(args):
+    def make(out):
+        subprocess.run([sys.executable, os.path.join(TOP, "testdata", "gen.py")] + args.split()[:1]
+                       + [out] + args.split()[1:], check=True)
+        return out
+    return make
+
+
+def _copy(rel):
+    def make(out):
+        src = os.path.join(TOP, rel)
+        os.makedirs(out, exist_ok=True)
+        for f in os.listdir(src):
+            shutil.copy(os.path.join(src, f), os.path.join(out, f))
+        return out
+    return make
+
+
+def _fam(fn, **kw):
+    return lambda out: fn(out, **kw)
+
+
+def _quant(preset, **over):
+    def make(out):
+        spec = dict(quant_oracle.PRESETS[preset], **over)
+        return quant_oracle.make_model(out, spec)
+    return make
+
+
+# ------------------------------------------------------------------ FP8 of a bf16 model
+
+E4M3_CODES = np.array([b for b in range(256) if b not in (0x7F, 0xFF)], dtype=np.uint8)
+
+
+def _scales(rng, shape, dtype="F32"):
+    n = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    mant = 1 + rng.integers(0, 128, size=n) / 128.0
+    v = (mant * 2.0 ** -rng.integers(5, 9, size=n)).astype(np.float32)
+    if dtype == "F32":
+        return ("F32", list(shape), v.astype("<f4").tobytes())
+    if dtype == "BF16":
+        return ("BF16", list(shape), (v.view(np.uint32) >> 16).astype("<u2").tobytes())
+    raise ValueError(dtype)
+
+
+def fp8_of(src_make, method, keep, seed=7, scale_dtype="F32"):
+    """A maker: src_make's bf16 model with every 2-D `.weight` whose module
+    `keep(module)` is false (norms, embeddings, lm_head, routers stay) turned
+    into E4M3 with the scales of `method`:
+      "block":      quant_method fp8, weight_block_size [128, 128],
+                    X.weight_scale_inv [ceil(out/128), ceil(in/128)]
+      "tensor":     quant_method fp8 (AutoFP8), static activations,
+                    X.weight_scale [] and X.input_scale [] (F32)
+      "ct-channel": compressed-tensors float-quantized, per-channel weights,
+                    dynamic per-token activations: X.weight_scale [out, 1]"""
+    def make(out):
+        rng = np.random.default_rng(seed)
+        tmp = tempfile.mkdtemp(prefix="bf16.")
+        try:
+            src_make(tmp)
+            config, tensors = serving_oracle.load_checkpoint(tmp)
+        finally:
+            shutil.rmtree(tmp)
+        ignored = []
+        qt = {}
+        for name in sorted(tensors):
+            dt, shape, data = tensors[name]
+            module = name[:-len(".weight")] if name.endswith(".weight") else None
+            if module is None or len(shape) != 2 or keep(module):
+                if module is not None and len(shape) == 2 and "embed" not in module \
+                        and not module.endswith("lm_head"):
+                    ignored.append(module)
+                qt[name] = (dt, shape, data)
+                continue
+            o, i = shape
+            qt[name] = ("F8_E4M3", [o, i], E4M3_CODES[rng.integers(0, len(E4M3_CODES),
+                                                                   size=(o, i))].tobytes())
+            if method == "block":
+                qt[module + ".weight_scale_inv"] = _scales(rng, (-(-o // 128), -(-i // 128)),
+                                                           scale_dtype)
+            elif method == "tensor":
+                qt[module + ".weight_scale"] = _scales(rng, ())
+                qt[module + ".input_scale"] = _scales(rng, ())
+            elif method == "ct-channel":
+                qt[module + ".weight_scale"] = _scales(rng, (o, 1), scale_dtype)
+            else:
+                raise ValueError(method)
+        ignore = ["lm_head"] + sorted(ignored)
+        if method == "block":
+            qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                  "weight_block_size": [128, 128], "modules_to_not_convert": ignore}
+        elif method == "tensor":
+            qc = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ignore}
+        else:
+            w = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False,
+                 "strategy": "channel", "group_size": None, "block_structure": None,
+                 "actorder": None, "observer": "minmax", "observer_kwargs": {}}
+            ia = dict(w, dynamic=True, strategy="token", observer=None)
+            qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+                  "quantization_status": "compressed", "global_compression_ratio": None,
+                  "config_groups": {"group_0": {"targets": ["Linear"], "weights": w,
+                                                "input_activations": ia,
+                                                "output_activations": None, "format": None}},
+                  "ignore": ignore, "kv_cache_scheme": None, "sparsity_config": {}}
+        config["quantization_config"] = qc
+        return quant_oracle.write_model(out, config, qt)
+    return make
+
+
+def _router(module):
+    """What FP8 MoE checkpoints leave unquantized besides embeddings and lm_head:
+    the routers (Qwen3-MoE, DeepSeek mlp.gate; Mixtral block_sparse_moe.gate)."""
+    return module.endswith(".mlp.gate") or module.endswith(".block_sparse_moe.gate") \
+        or module.endswith("lm_head") or "embed" in module
+
+
+def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64, v=128,
+                inter=512, moe_inter=256, experts=4, shared=1, vocab=190, layers=2, seed=3):
+    """DeepseekV3ForCausalLM in HF names (layer 0 dense, the rest MoE with the
+    noaux_tc F32 router bias), sizes that block-FP8 can split at tp 2."""
+    s = {"model.embed_tokens.weight": (vocab, H), "model.norm.weight": (H,),
+         "lm_head.weight": (vocab, H)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        s[p + "input_layernorm.weight"] = (H,)
+        s[p + "post_attention_layernorm.weight"] = (H,)
+        s[p + "self_attn.q_a_proj.weight"] = (q_lora, H)
+        s[p + "self_attn.q_a_layernorm.weight"] = (q_lora,)
+        s[p + "self_attn.q_b_proj.weight"] = (heads * (nope + rope), q_lora)
+        s[p + "self_attn.kv_a_proj_with_mqa.weight"] = (kv_lora + rope, H)
+        s[p + "self_attn.kv_a_layernorm.weight"] = (kv_lora,)
+        s[p + "self_attn.kv_b_proj.weight"] = (heads * (nope + v), kv_lora)
+        s[p + "self_attn.o_proj.weight"] = (H, heads * v)
+        if i == 0:
+            s[p + "mlp.gate_proj.weight"] = (inter, H)
+            s[p + "mlp.up_proj.weight"] = (inter, H)
+            s[p + "mlp.down_proj.weight"] = (H, inter)
+            continue
+        s[p + "mlp.gate.weight"] = (experts, H)
+        for e in range(experts):
+            s[p + f"mlp.experts.{e}.gate_proj.weight"] = (moe_inter, H)
+            s[p + f"mlp.experts.{e}.up_proj.weight"] = (moe_inter, H)
+            s[p + f"mlp.experts.{e}.down_proj.weight"] = (H, moe_inter)
+        s[p + "mlp.shared_experts.gate_proj.weight"] = (moe_inter * shared, H)
+        s[p + "mlp.shared_experts.up_proj.weight"] = (moe_inter * shared, H)
+        s[p + "mlp.shared_experts.down_proj.weight"] = (H, moe_inter * shared)
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+           "hidden_size": H, "intermediate_size": inter, "moe_intermediate_size": moe_inter,
+           "num_attention_heads": heads, "num_key_value_heads": heads, "num_hidden_layers": layers,
+           "q_lora_rank": q_lora, "kv_lora_rank": kv_lora, "qk_nope_head_dim": nope,
+           "qk_rope_head_dim": rope, "v_head_dim": v, "head_dim": rope,
+           "n_routed_experts": experts, "n_shared_experts": shared, "num_experts_per_tok": 2,
+           "n_group": 2, "topk_group": 1, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+           "norm_topk_prob": True, "routed_scaling_factor": 2.5, "first_k_dense_replace": 1,
+           "moe_layer_freq": 1, "num_nextn_predict_layers": 0, "vocab_size": vocab,
+           "hidden_act": "silu", "max_position_embeddings": 16384, "rms_norm_eps": 1e-06,
+           "rope_theta": 10000.0, "rope_interleave": True, "attention_bias": False,
+           # YaRN as DeepSeek-V3 ships it (SGLang's CPU rope path requires a rope_scaling)
+           "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
+                            "mscale_all_dim": 1.0},
+           "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1}
+    family_oracle.write_model(out, s, cfg, "BF16", seed)
+    # the router bias is F32 in the published checkpoints
+    config, tensors = serving_oracle.load_checkpoint(out)
+    rng = np.random.default_rng(seed + 1)
+    for i in range(1, layers):
+        tensors[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] = (
+            "F32", [experts], rng.uniform(-1, 1, experts).astype("<f4").tobytes())
+    os.remove(os.path.join(out, "model.safetensors"))
+    return quant_oracle.write_model(out, config, tensors)
+
+
+QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter=256,
+                 vocab=300, layers=2)
+
+MODELS = {
+    "llama": _gen("llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96 --vocab 250"),
+    "llama-tied": _gen("llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96"
+                       " --vocab 250 --tied --layers 3"),
+    "qwen2": _gen("qwen2 --hidden 64 --heads 4 --kv-heads 2 --inter 96 --vocab 250"),
+    "qwen3-tied": _gen("qwen3 --hidden 64 --heads 4 --kv-heads 2 --head-dim 32 --inter 96"
+                       " --vocab 250 --tied"),
+    "mistral": _gen("mistral --hidden 64 --heads 8 --kv-heads 2 --head-dim 16 --inter 64"
+                    " --vocab 1007"),
+    "gemma3-tied": _gen("gemma3 --gemma3-naming causal --hidden 64 --heads 4 --kv-heads 1"
+                        " --head-dim 32 --inter 96 --vocab 262"),
+    "phi3": _fam(family_oracle.phi3_checkpoint, hidden=64, heads=4, kv_heads=2, inter=96,
+                 vocab=256),
+    "qwen3_moe": _fam(family_oracle.qwen3_moe_checkpoint, hidden=32, heads=4, kv_heads=4,
+                      head_dim=8, experts=4, moe_inter=16, vocab=256, layers=3),
+    "mixtral": _fam(family_oracle.mixtral_checkpoint, hidden=32, heads=4, kv_heads=4,
+                    experts=4, inter=16, vocab=256),
+    "deepseek_v3": _copy("testdata/conformance/vllm-deepseekv3-bf16-tp2/model"),
+    "deepseek_v3-yarn": deepseek_v3,
+    # dense FP8
+    "llama-fp8-block": _quant("fp8-block-llama"),
+    "qwen3-fp8-block-bf16scale": _quant("fp8-block-qwen3-i384", I=512),
+    "qwen3-ct-fp8-channel": _quant("ct-channel-qwen3"),
+    # FP8 experts
+    "qwen3_moe-fp8-block-i256": fp8_of(_fam(family_oracle.qwen3_moe_checkpoint, moe_inter=256,
+                                            **QWEN3_MOE), "block", _router),
+    "qwen3_moe-fp8-block-i384": fp8_of(_fam(family_oracle.qwen3_moe_checkpoint, moe_inter=384,
+                                            **QWEN3_MOE), "block", _router),
+    "mixtral-fp8-tensor": fp8_of(_fam(family_oracle.mixtral_checkpoint, hidden=64, heads=4,
+                                      kv_heads=2, experts=4, inter=64, vocab=256),
+                                 "tensor", _router),
+    "qwen3_moe-ct-fp8-channel": fp8_of(_fam(family_oracle.qwen3_moe_checkpoint, hidden=64, heads=4,
+                                            kv_heads=2, head_dim=16, experts=4, moe_inter=64,
+                                            vocab=256), "ct-channel", _router,
+                                       scale_dtype="BF16"),
+    "deepseek_v3-fp8-block": fp8_of(deepseek_v3, "block", _router),
+}
+
+
+def make(name, outdir):
+    if os.path.exists(os.path.join(outdir, "config.json")):
+        return outdir
+    tmp = outdir + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    MODELS[name](tmp)
+    shutil.rmtree(outdir, ignore_errors=True)
+    os.replace(tmp, outdir)
+    return outdir
+
+
+if __name__ == "__main__":
+    for n in sys.argv[2:] or MODELS:
+        print(make(n, os.path.join(sys.argv[1], n)))
