@@ -206,6 +206,10 @@ QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter
 
 MODELS = {
     "llama": _gen("llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96 --vocab 250"),
+    # pipeline cases: 5 layers split unevenly (vLLM's get_pp_indices: [3, 2] at pp 2,
+    # [2, 2, 1] at pp 3)
+    "llama-5": _gen("llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96 --vocab 250"
+                    " --layers 5"),
     "llama-tied": _gen("llama --hidden 64 --heads 8 --kv-heads 2 --head-dim 8 --inter 96"
                        " --vocab 250 --tied --layers 3"),
     "qwen2": _gen("qwen2 --hidden 64 --heads 4 --kv-heads 2 --inter 96 --vocab 250"),

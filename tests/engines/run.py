@@ -82,7 +82,7 @@ CASES = [
     (S, "qwen3_moe-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     (S, "deepseek_v3-fp8-block", "fp8-block", 2, 1),
     # pipeline parallel, vLLM
-    (V, "llama", "bf16", 2, 2), (V, "llama", "bf16", 1, 3),
+    (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),
     (V, "qwen3_moe", "bf16", 2, 2), (V, "qwen3_moe", "bf16", 1, 3),
 ]
