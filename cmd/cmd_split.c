@@ -176,7 +176,10 @@ int cmd_split(int argc, char **argv)
         status = cli_lib_error(ctx, e);
         goto done;
     }
-    char b1[32];
+    char b1[32], b2[32];
+    cli_info("%s of the %s written share blocks with the source, the rest copied (%s)",
+             cli_human(res.bytes_shared, b1, sizeof b1), cli_human(res.bytes_written, b2, sizeof b2),
+             res.copy);
     if (g_json) {
         char *doc = NULL;
         status = cli_print_doc(ctx, tps_split_json(ctx, L, &so, &res, &doc), &doc);

@@ -443,6 +443,9 @@ extern size_t tps_split_map_min;
 
 /* Where bytes [off, off+len) of tensor i lie when they are one run of one
  * file: 1 and *file, *foff set; 0 when they span pieces. */
+/* How many bytes of tensor i from off on lie back to back in one file (0:
+ * none, e.g. a widened piece), and where they start. */
+uint64_t tps_ckpt_run(const tps_ckpt *ck, size_t i, uint64_t off, int *file, uint64_t *foff);
 int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
                     uint64_t *foff);
 
@@ -967,6 +970,7 @@ typedef struct {
  * below h_min + blk, that puts the most bytes of the runs at their source
  * offset modulo blk (whole blocks, what clones share: *shared); of equals
  * the smallest. h_min when blk is not a power of two of 8 or more. */
+#define TPS_SHARE_BLOCK 4096 /* the block plan --json reports sharing for (XFS, btrfs) */
 uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min, uint32_t blk,
                                uint64_t *shared);
 

@@ -400,6 +400,15 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
 
+/* What a split of L into a directory whose file system shares blocks with
+ * the source (XFS with reflink, btrfs), block bytes to a block, would share
+ * (*shared) and copy (*copied: the rest of the rank files, headers
+ * included), with the header padding tps_split would choose there. Writes
+ * nothing. TPS_E_REJECT when the layout rejects the model. */
+tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
+                          uint64_t max_part_size, uint32_t block, uint64_t *shared,
+                          uint64_t *copied);
+
 /* ------------------------------------------------------------------ check / merge */
 
 typedef struct {

@@ -828,6 +828,27 @@ out:
     return rc;
 }
 
+static void engine_free(engine *E, int failed)
+{
+    for (size_t i = 0; i < E->nfiles; i++) {
+        ofile *f = &E->files[i];
+        if (f->fd >= 0) close(f->fd);
+        if (failed && f->tmp && *f->tmp) unlink(f->tmp);
+        free(f->final);
+        free(f->tmp);
+    }
+    free(E->files);
+    free(E->slots);
+    free(E->dests);
+    free(E->dest0);
+    free(E->region_crc);
+    free(E->piece_rt);
+    free(E->tasks);
+    free(E->crcs);
+    free(E->crclen);
+    cJSON_Delete(E->prev);
+}
+
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res)
 {
@@ -931,24 +952,35 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         for (int r = 0; r < L->tp; r++) res->ranks_written += all[r];
     }
 out:
-    for (size_t i = 0; i < E.nfiles; i++) {
-        ofile *f = &E.files[i];
-        if (f->fd >= 0) close(f->fd);
-        if (rc && f->tmp && *f->tmp) unlink(f->tmp);
-        free(f->final);
-        free(f->tmp);
-    }
-    free(E.files);
-    free(E.slots);
-    free(E.dests);
-    free(E.dest0);
-    free(E.region_crc);
-    free(E.piece_rt);
-    free(E.tasks);
-    free(E.crcs);
-    free(E.crclen);
-    cJSON_Delete(E.prev);
+    engine_free(&E, rc != TPS_OK);
     free(all);
     tps_out_release(o->out_dir, E.wfd, E.join);
+    return rc;
+}
+
+tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
+                          uint64_t max_part_size, uint32_t block, uint64_t *shared,
+                          uint64_t *copied)
+{
+    tps_err rc = TPS_OK;
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp, .wfd = -1};
+    tps_split_opts o = {.out_dir = ".", .max_part_size = max_part_size};
+    unsigned char *all = tps_xcalloc((size_t)L->tp, 1);
+    *shared = *copied = 0;
+    TPS_FAIL_IF(!L->rank_rt || L->rejected, ctx, TPS_E_REJECT, "split: the layout rejects the model");
+    E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
+    TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
+    memset(all, 1, (size_t)L->tp);
+    E.write = all;
+    E.kc = (tps_kcopy){.mode = TPS_KC_CLONE, .blk = block, .can_clone = 1};
+    TPS_CHECK(build_files(&E, &o));
+    TPS_CHECK(index_dests(&E));
+    TPS_CHECK(align_files(&E));
+    for (size_t i = 0; i < E.nfiles; i++) *copied += E.files[i].size;
+    *shared = E.shareable;
+    *copied -= E.shareable;
+out:
+    engine_free(&E, 0);
+    free(all);
     return rc;
 }
