@@ -48,13 +48,32 @@ uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min,
     return h_min + ((best - h_min) & (blk - 1));
 }
 
+typedef struct {
+    tps_align_run *v;
+    size_t n, cap;
+} runs;
+
+static int add_run(runs *R, tps_align_run r)
+{
+    if (R->n == R->cap) {
+        size_t cap = R->cap ? 2 * R->cap : 256;
+        tps_align_run *v = realloc(R->v, cap * sizeof *v);
+        if (!v) return -1;
+        R->v = v;
+        R->cap = cap;
+    }
+    R->v[R->n++] = r;
+    return 0;
+}
+
 /* The runs of file fi: every piece written there that is one run of its
- * source tensor, lying whole in one source file, in the source's dtype. */
-static size_t file_runs(const engine *E, size_t fi, tps_align_run *out)
+ * source tensor, in the source's dtype, cut where its bytes move from one
+ * source file to the next (a resharded directory's rank files). */
+static int file_runs(const engine *E, size_t fi, runs *R)
 {
     const tps_layout *L = E->L;
     const ofile *f = &E->files[fi];
-    size_t n = 0;
+    R->n = 0;
     for (size_t k = L->rank_rt[f->rank]; k < L->rank_rt[f->rank + 1]; k++) {
         if (E->slots[k].file != (int)fi) continue;
         const tps_rtensor *rt = &L->rt[k];
@@ -62,38 +81,38 @@ static size_t file_runs(const engine *E, size_t fi, tps_align_run *out)
             const tps_lpiece *p = &L->pieces[rt->piece0 + j];
             if (p->kind != TPS_PK_SRC || !p->nbytes) continue;
             const tps_region *rg = &L->regions[p->region];
-            uint64_t outer, row, s, l, foff;
+            uint64_t outer, row, s, l, foff, run;
             int file;
             tps_region_geom(E->ck, rg, &outer, &row, &s, &l);
-            if (!(outer == 1 || l == row) || E->ck->t[rg->src].dtype != rt->dtype ||
-                !tps_ckpt_locate(E->ck, rg->src, s, rg->nbytes, &file, &foff))
-                continue;
-            out[n++] = (tps_align_run){.src = foff, .dst = E->slots[k].off - f->hdr_len + p->at,
-                                       .len = rg->nbytes};
+            if (!(outer == 1 || l == row) || E->ck->t[rg->src].dtype != rt->dtype) continue;
+            for (uint64_t x = 0; x < rg->nbytes; x += run) {
+                run = tps_ckpt_run(E->ck, rg->src, s + x, &file, &foff);
+                if (!run) break;
+                if (run > rg->nbytes - x) run = rg->nbytes - x;
+                if (add_run(R, (tps_align_run){.src = foff,
+                                               .dst = E->slots[k].off - f->hdr_len + p->at + x,
+                                               .len = run}))
+                    return -1;
+            }
         }
     }
-    return n;
+    return 0;
 }
 
 tps_err tps_sp_align(engine *E)
 {
-    const tps_layout *L = E->L;
-    size_t maxp = 0;
-    for (int r = 0; r < E->tp; r++) {
-        size_t np = 0;
-        for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) np += L->rt[k].npieces;
-        if (np > maxp) maxp = np;
-    }
-    tps_align_run *runs = tps_xcalloc(maxp ? maxp : 1, sizeof *runs);
-    if (!runs) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    runs R = {0};
     E->shareable = 0;
     for (size_t fi = 0; fi < E->nfiles; fi++) {
         ofile *f = &E->files[fi];
         uint64_t sh;
-        size_t n = file_runs(E, fi, runs);
-        f->pad = (size_t)(tps_align_data_offset(runs, n, f->hdr_len, E->kc.blk, &sh) - f->hdr_len);
+        if (file_runs(E, fi, &R)) {
+            free(R.v);
+            return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+        }
+        f->pad = (size_t)(tps_align_data_offset(R.v, R.n, f->hdr_len, E->kc.blk, &sh) - f->hdr_len);
         E->shareable += sh;
     }
-    free(runs);
+    free(R.v);
     return TPS_OK;
 }

@@ -148,7 +148,7 @@ static tps_err plan_tasks(engine *E)
              * source block, so no block is cut between two tasks. */
             uint64_t skew = 0, fo;
             int fl;
-            if (E->kc.mode == TPS_KC_CLONE && tps_ckpt_locate(E->ck, rg->src, s, rg->nbytes, &fl, &fo))
+            if (E->kc.mode == TPS_KC_CLONE && tps_ckpt_run(E->ck, rg->src, s, &fl, &fo))
                 skew = fo % E->kc.blk;
             if (region_written(E, g))
                 for (uint64_t a = 0; a < rg->nbytes;) {
@@ -278,15 +278,18 @@ static tps_err kcopy_region(engine *E, size_t g, int file, uint64_t foff, uint64
  * reads nothing and goes whole. */
 static tps_err kcopy_contig(engine *E, const task *tk, const char *src, char *in, int *done)
 {
-    uint64_t foff, len = tk->b - tk->a;
-    int file;
-    *done = 0;
-    if (!tps_ckpt_locate(E->ck, tk->t, tk->src, len, &file, &foff)) return TPS_OK;
-    uint64_t step = E->kc.mode == TPS_KC_CLONE ? len : SUB;
+    uint64_t len = tk->b - tk->a, step = E->kc.mode == TPS_KC_CLONE ? len : SUB;
     uint32_t crc = 0;
-    for (uint64_t a = 0; a < len; a += step) {
-        uint64_t n = len - a < step ? len - a : step;
-        TPS_TRY(kcopy_region(E, tk->g0, file, foff + a, n, tk->a + a, done));
+    *done = 0;
+    for (uint64_t a = 0, n; a < len; a += n) {
+        /* a run of a resharded source may lie in two rank files */
+        uint64_t foff, run;
+        int file;
+        run = tps_ckpt_run(E->ck, tk->t, tk->src + a, &file, &foff);
+        if (!run) return TPS_OK;
+        n = len - a < step ? len - a : step;
+        if (run < n) n = run;
+        TPS_TRY(kcopy_region(E, tk->g0, file, foff, n, tk->a + a, done));
         if (!*done) return TPS_OK;
         if (src) {
             crc = tps_crc32(crc, src + a, (size_t)n);
