@@ -126,6 +126,21 @@ cow() {
   expect_exit 0 "$fs: its output passes check" -- tps check "$D/mix2"
   same_files "$D/mix2" "$D/r2" && ok "$fs: and equals the reshard that shared every run" ||
     notok "$fs: the mixed reshard differs from the shared one"
+
+  # Free space is needed for the bytes not shared only: with the file system
+  # filled to less than the rank files' size, a split still fits, --copy not.
+  if [ "$fs" = xfs ]; then
+    rm -rf "$D/c" "$D/back" "$D/back2" "$D/r2" "$D/mix" "$D/mix2" "$D/s" "$D/x"; sync -f "$D"; sleep 2
+    run tps plan "$D/m" --tp 4 --json
+    total=$(( ($(json sharing.bytes_shared) + $(json sharing.bytes_copied)) / 1024 ))
+    avail=$(df -Pk "$D" | awk 'NR == 2 {print $4}')
+    # free: 256 KiB less than the rank files take (which the bytes copied are far below)
+    fallocate -l $(( (avail - total + 256) * 1024 )) "$D/filler" && sync -f "$D" || notok "$fs: fill the file system"
+    expect_exit 0 "$fs: a split larger than the free space fits: its blocks are shared" -- tps split "$D/m" --tp 4 -o "$D/tight"
+    expect_exit 1 "$fs: the same split with --copy does not" -- tps split "$D/m" --tp 4 -o "$D/tight2" --copy
+    expect_stderr_has "not enough free space" "$fs: --copy says there is not enough free space"
+    rm -f "$D/filler"
+  fi
 }
 
 cow xfs mkfs.xfs -q -m reflink=1
