@@ -966,13 +966,14 @@ void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
 typedef struct {
     uint64_t src, dst, len;
 } tps_align_run;
+#define TPS_SHARE_BLOCK 4096 /* the block plan --json reports sharing for (XFS, btrfs) */
 /* The data offset, at least h_min (a multiple of 8, as the result is) and
  * below h_min + blk, that puts the most bytes of the runs at their source
  * offset modulo blk (whole blocks, what clones share: *shared); of equals
- * the smallest. h_min when blk is not a power of two of 8 or more. */
-#define TPS_SHARE_BLOCK 4096 /* the block plan --json reports sharing for (XFS, btrfs) */
+ * the smallest; h_min itself unless another shares min_gain bytes more.
+ * h_min when blk is not a power of two of 8 or more. */
 uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min, uint32_t blk,
-                               uint64_t *shared);
+                               uint64_t min_gain, uint64_t *shared);
 
 /* ------------------------------------------------------------------ manifest */
 

@@ -14,16 +14,23 @@
  * with every size a block multiple no order lines up more, and other tools
  * compare the order.
  *
- * Only an output that shares blocks gets padding: elsewhere the rank files
- * stay byte for byte what they always were. */
+ * Only an output that shares blocks gets padding, and only when it shares
+ * ALIGN_MIN_GAIN more: elsewhere the rank files stay byte for byte what they
+ * always were. */
 #include "internal.h"
 #include "split_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* Padding that shares less than this more than none is not worth a file
+ * that differs from the usual one: small files keep their usual bytes (and a
+ * reshard of them equals a direct split), real checkpoints, whose tensors
+ * are megabytes, are padded. */
+#define ALIGN_MIN_GAIN (256u << 10)
+
 uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min, uint32_t blk,
-                               uint64_t *shared)
+                               uint64_t min_gain, uint64_t *shared)
 {
     *shared = 0;
     if (blk < 8 || (blk & (blk - 1)) || h_min % 8) return h_min;
@@ -43,7 +50,12 @@ uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min,
             best = res;
         }
     }
+    uint64_t w0 = w[(h_min & (blk - 1)) / 8];
     free(w);
+    if (bw < w0 + min_gain) {
+        *shared = w0;
+        return h_min;
+    }
     *shared = bw;
     return h_min + ((best - h_min) & (blk - 1));
 }
@@ -110,7 +122,8 @@ tps_err tps_sp_align(engine *E)
             free(R.v);
             return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
         }
-        f->pad = (size_t)(tps_align_data_offset(R.v, R.n, f->hdr_len, E->kc.blk, &sh) - f->hdr_len);
+        uint64_t h = tps_align_data_offset(R.v, R.n, f->hdr_len, E->kc.blk, ALIGN_MIN_GAIN, &sh);
+        f->pad = (size_t)(h - f->hdr_len);
         E->shareable += sh;
     }
     free(R.v);

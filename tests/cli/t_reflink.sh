@@ -48,6 +48,14 @@ json() { python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 for k in sys.argv[2].split("."): d = d[k]
 print(d)' "$OUT" "$1" 2>/dev/null; }
+# maxpad DIR: the most trailing spaces of a rank file's header in DIR (the
+# reference writer pads to 8 bytes: at most 7)
+maxpad() { python3 -c 'import glob, struct, sys
+m = 0
+for p in glob.glob(sys.argv[1] + "/model-rank-*.safetensors"):
+    f = open(p, "rb"); n = struct.unpack("<Q", f.read(8))[0]; h = f.read(n)
+    m = max(m, len(h) - len(h.rstrip(b" ")))
+print(m)' "$1"; }
 # overwrite FILE TENSOR: random bytes over the first 8 KiB of TENSOR in place
 overwrite() {
   off=$(python3 -c 'import json, struct, sys
@@ -71,6 +79,9 @@ cow() {
   expect_stderr_has "--copy: copies through user space" "$fs: -v says --copy copies"
   same_files "$D/s" "$D/c" && ok "$fs: rank files equal a --copy split byte for byte" ||
     notok "$fs: rank files differ from a --copy split"
+  p=$(maxpad "$D/s")
+  [ "$p" -ge 8 ] && ok "$fs: headers padded to line tensors up with the source's blocks ($p spaces)" ||
+    notok "$fs: no header padded ($p spaces at most)"
   r0="$D/s/model-rank-0-part-0.safetensors"
   [ "$(shared_extents "$r0")" -gt 0 ] && [ "$(shared_extents "$D/c/model-rank-0-part-0.safetensors")" = 0 ] &&
     ok "$fs: rank 0 shares extents with the source, --copy's shares none" ||
@@ -156,6 +167,9 @@ kcopy() {
   expect_exit 0 "$fs: split --copy" -- tps split "$D/m" --tp 4 -o "$D/c" --copy -q
   same_files "$D/s" "$D/c" && ok "$fs: rank files equal a --copy split byte for byte" ||
     notok "$fs: rank files differ from a --copy split"
+  p=$(maxpad "$D/s")
+  [ "$p" -lt 8 ] && ok "$fs: headers padded as the reference writer pads them ($p spaces at most)" ||
+    notok "$fs: a header has $p trailing spaces"
   expect_exit 0 "$fs: check" -- tps check "$D/s"
   run tps split "$D/m" --tp 4 -o "$D/s" --force --json
   [ "$(json copy)" = copy_file_range ] && [ "$(json bytes_shared)" = 0 ] && ok "$fs: split --json: copy_file_range, nothing shared" ||
