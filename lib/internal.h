@@ -959,7 +959,7 @@ uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
 
-/* ------------------------------------------------------------------ rank file alignment (split/align.c) */
+/* ------------------------------------------------------------------ alignment (split/align.c) */
 
 /* A run of source bytes a rank file holds: at absolute offset src of its
  * source file, at offset dst of the rank file's data section. */

@@ -119,7 +119,8 @@ void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir
         return;
     }
     uint64_t n = (uint64_t)st.st_size >= K->blk ? K->blk : 0; /* 0: to the source's end */
-    struct file_clone_range cr = {.src_fd = src_fd, .src_offset = 0, .src_length = n, .dest_offset = 0};
+    struct file_clone_range cr = {.src_fd = src_fd, .src_offset = 0, .src_length = n,
+                                  .dest_offset = 0};
     char why[160] = "";
     if (ioctl(fd, FICLONERANGE, &cr) == 0) {
         K->mode = TPS_KC_CLONE;
@@ -203,7 +204,8 @@ tps_err tps_kcopy_range(tps_ctx *ctx, tps_kcopy *K, int in_fd, const char *in_pa
     *done = 0;
     if (mode == TPS_KC_USER) return TPS_OK;
     uint64_t sh = mode == TPS_KC_CLONE ? tps_kcopy_shareable(in_off, out_off, len, K->blk) : 0;
-    if (!sh) return range_copy(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len, done);
+    if (!sh)
+        return range_copy(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len, done);
     /* The whole blocks cloned; the partial blocks at either end copied. */
     uint64_t head = (K->blk - in_off % K->blk) % K->blk, t = head + sh;
     struct file_clone_range cr = {.src_fd = in_fd, .src_offset = in_off + head, .src_length = sh,
@@ -214,10 +216,12 @@ tps_err tps_kcopy_range(tps_ctx *ctx, tps_kcopy *K, int in_fd, const char *in_pa
             return tps_fail(ctx, e == ENOSPC || e == EDQUOT ? TPS_E_NOSPACE : TPS_E_IO,
                             "%s: FICLONERANGE from %s: %s", out_path, in_path, strerror(e));
         lower(ctx, K, TPS_KC_CLONE, TPS_KC_RANGE, "FICLONERANGE", e);
-        return tps_kcopy_range(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len, done);
+        return tps_kcopy_range(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len,
+                               done);
     }
     int ok = 1;
-    if (head) TPS_TRY(range_copy(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, head, &ok));
+    if (head)
+        TPS_TRY(range_copy(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, head, &ok));
     if (ok && t < len)
         TPS_TRY(range_copy(ctx, K, in_fd, in_path, in_off + t, out_fd, out_path, out_off + t,
                            len - t, &ok));

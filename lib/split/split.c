@@ -970,7 +970,8 @@ tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
     tps_split_opts o = {.out_dir = ".", .max_part_size = max_part_size};
     unsigned char *all = tps_xcalloc((size_t)L->tp, 1);
     *shared = *copied = 0;
-    TPS_FAIL_IF(!L->rank_rt || L->rejected, ctx, TPS_E_REJECT, "split: the layout rejects the model");
+    TPS_FAIL_IF(!L->rank_rt || L->rejected, ctx, TPS_E_REJECT,
+                "split: the layout rejects the model");
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
     memset(all, 1, (size_t)L->tp);

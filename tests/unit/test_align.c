@@ -36,7 +36,8 @@ static void lines_up_one_residue(void)
 static void most_bytes_win(void)
 {
     /* a small run wants 800, a large one 3000: 3000 */
-    tps_align_run r[2] = {{.src = 800, .dst = 0, .len = 16384}, {.src = 3000 + 4096 * 10, .dst = 4096 * 10, .len = 1 << 20}};
+    tps_align_run r[2] = {{.src = 800, .dst = 0, .len = 16384},
+                          {.src = 3000 + 4096 * 10, .dst = 4096 * 10, .len = 1 << 20}};
     uint64_t sh, h = tps_align_data_offset(r, 2, 16, 4096, 0, &sh);
     CHECK_MSG(h == 3000, "h %llu", (unsigned long long)h);
     CHECK(sh == tps_kcopy_shareable(r[1].src, r[1].src, r[1].len, 4096));
@@ -54,7 +55,8 @@ static void nothing_to_gain(void)
     uint64_t sh;
     CHECK(tps_align_data_offset(NULL, 0, 2384, 4096, 0, &sh) == 2384 && sh == 0);
     /* runs too short for a whole block, or at a residue no 8-aligned offset reaches */
-    tps_align_run r[2] = {{.src = 1000, .dst = 0, .len = 3000}, {.src = 1003, .dst = 0, .len = 1 << 20}};
+    tps_align_run r[2] = {{.src = 1000, .dst = 0, .len = 3000},
+                          {.src = 1003, .dst = 0, .len = 1 << 20}};
     CHECK(tps_align_data_offset(r, 2, 2384, 4096, 0, &sh) == 2384 && sh == 0);
     /* not a block size: left alone */
     r[1].src = 1000;
@@ -99,7 +101,8 @@ static void always_in_range(void)
         CHECK_MSG(h >= h_min && h < h_min + blk && h % 8 == 0, "h %llu from %llu, blk %u",
                   (unsigned long long)h, (unsigned long long)h_min, blk);
         uint64_t got = 0;
-        for (int i = 0; i < 4; i++) got += tps_kcopy_shareable(r[i].src, h + r[i].dst, r[i].len, blk);
+        for (int i = 0; i < 4; i++)
+            got += tps_kcopy_shareable(r[i].src, h + r[i].dst, r[i].len, blk);
         CHECK_MSG(got >= sh, "said %llu shared, lines up %llu", (unsigned long long)sh,
                   (unsigned long long)got);
         if (t_cur_fail_) break;
