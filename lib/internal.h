@@ -94,18 +94,19 @@ tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 
 /* How an output directory takes runs of a source file's bytes, best first. */
 enum { TPS_KC_USER = 0, /* through user space: pwrite from a buffer or a mapping */
-       TPS_KC_RANGE = 1, /* copy_file_range: the kernel copies (NFS 4.2: the server) */
+       TPS_KC_RANGE = 1, /* copy_file_range, where it is the file system's own copy */
        TPS_KC_CLONE = 2 /* FICLONERANGE for whole blocks, copy_file_range for the ends */ };
 typedef struct {
     int mode;      /* TPS_KC_*: lowered, atomically, when the kernel refuses during a run */
     uint32_t blk;  /* the output file system's block size: what clones must be aligned to */
     char fs[32];   /* its name, for messages ("xfs") */
     uint64_t shared; /* bytes cloned (atomic) */
+    int native;      /* copy_file_range is the file system's own copy (NFS 4.2, SMB, Ceph) */
     int can_clone;   /* the probe cloned: the output is laid out for shared blocks (also
                       * with --copy, so that --copy changes how bytes move, not which) */
 } tps_kcopy;
 /* Probes, with a temporary file in out_dir, whether it shares blocks with
- * the file src_fd or copies from it in the kernel; plain (--copy) then sets
+ * the file src_fd or copies from it itself (NFS 4.2, SMB, Ceph); plain (--copy) sets
  * TPS_KC_USER. Says what it found at TPS_LOG_INFO (-v). Never fails: at
  * worst TPS_KC_USER. */
 void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir, int plain);

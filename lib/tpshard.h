@@ -368,9 +368,11 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
  * blocks with the source where the file system shares blocks (XFS, btrfs;
  * each rank file's header is then padded with spaces so that its tensors lie
  * at their source offsets modulo the block size), copy_file_range copies
- * them in the kernel where it does not (ext4, tmpfs, NFS 4.2), and the
- * copies below where neither is supported. CRCs are of the source bytes
- * copied, read after the copy. Strided pieces are always copied below.
+ * them where it is the file system's own copy (NFS 4.2, SMB, Ceph: on the
+ * server), and the copies below elsewhere (ext4, tmpfs: their
+ * copy_file_range is the kernel's generic copy, slower than one copy from a
+ * mapping). CRCs are of the source bytes copied, read after the copy.
+ * Strided pieces are always copied below.
  *
  * By default source bytes are read with pread into buffers. With
  * o->map_source (what the tpshard command does unless --no-mmap), copy

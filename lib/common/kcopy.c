@@ -3,10 +3,12 @@
  * A split's contiguous pieces are runs of the source's bytes. Where the
  * output's file system shares blocks (XFS with reflink, btrfs, bcachefs,
  * ZFS 2.2+), FICLONERANGE makes a run's whole blocks the source's own: no
- * byte moves and no space is taken until one side is written again. Where it
- * does not, copy_file_range copies inside the kernel (on NFS 4.2 the server
- * copies), without the pass through this process's buffers. Where neither is
- * supported, the caller writes the bytes itself, as before.
+ * byte moves and no space is taken until one side is written again. Where
+ * copy_file_range is the file system's own copy (NFS 4.2, SMB, Ceph: the
+ * server copies), it copies runs without their bytes crossing the network.
+ * Elsewhere the caller writes the bytes itself, as before: on ext4 and
+ * tmpfs copy_file_range is the kernel's generic copy through a pipe, which
+ * measured slower than the caller's one copy from the source's mapping.
  *
  * What the output takes is decided once per output file system, by a probe
  * into a temporary file in the output directory, and said under -v; a
@@ -43,27 +45,36 @@ static int refused(int e)
 
 /* The file systems statfs names; only those the messages or the read path
  * need, others by their magic number. */
+/* unmappable: mapping the source is unsafe or slow there, read with pread.
+ * native: copy_file_range is the file system's own copy (on the server:
+ * NFS 4.2, SMB, Ceph). Elsewhere it is the kernel's generic copy through a
+ * pipe, which measured slower than tpshard's one copy from the source's
+ * mapping (bench/fs.sh, loop ext4: 1.40x cp against 1.22x; tmpfs no
+ * faster), so it is not used for whole runs there. */
 static const struct {
     unsigned long magic;
     const char *name;
-    int unmappable; /* mapping the source is unsafe or slow there: read with pread */
+    int unmappable, native;
 } fs_names[] = {
-    {0x58465342, "xfs", 0},     {0x9123683E, "btrfs", 0},      {0xCA451A4E, "bcachefs", 0},
-    {0x2FC12FC1, "zfs", 0},     {0xEF53, "ext4", 0},           {0x01021994, "tmpfs", 0},
-    {0x6969, "nfs", 1},         {0x65735546, "fuse", 1},       {0x0BD00BD0, "lustre", 1},
-    {0xFF534D42, "cifs", 1},    {0xFE534D42, "smb2", 1},       {0x517B, "smb", 1},
-    {0x794C7630, "overlayfs", 0}, {0x858458F6, "ramfs", 0},    {0x5346414F, "afs", 1},
-    {0x00C36400, "ceph", 1},    {0x01021997, "9p", 1},
+    {0x58465342, "xfs", 0, 0},     {0x9123683E, "btrfs", 0, 0},    {0xCA451A4E, "bcachefs", 0, 0},
+    {0x2FC12FC1, "zfs", 0, 0},     {0xEF53, "ext4", 0, 0},         {0x01021994, "tmpfs", 0, 0},
+    {0x6969, "nfs", 1, 1},         {0x65735546, "fuse", 1, 0},     {0x0BD00BD0, "lustre", 1, 0},
+    {0xFF534D42, "cifs", 1, 1},    {0xFE534D42, "smb2", 1, 1},     {0x517B, "smb", 1, 0},
+    {0x794C7630, "overlayfs", 0, 0}, {0x858458F6, "ramfs", 0, 0},  {0x5346414F, "afs", 1, 0},
+    {0x00C36400, "ceph", 1, 1},    {0x01021997, "9p", 1, 0},
 };
 
-static const char *fs_name(unsigned long magic, char *buf, size_t len, int *unmappable)
+static const char *fs_name(unsigned long magic, char *buf, size_t len, int *unmappable,
+                           int *native)
 {
     for (size_t i = 0; i < sizeof fs_names / sizeof fs_names[0]; i++)
         if (fs_names[i].magic == magic) {
             if (unmappable) *unmappable = fs_names[i].unmappable;
+            if (native) *native = fs_names[i].native;
             return fs_names[i].name;
         }
     if (unmappable) *unmappable = 0;
+    if (native) *native = 0;
     snprintf(buf, len, "fs 0x%lx", magic);
     return buf;
 }
@@ -73,7 +84,7 @@ const char *tps_fs_unmappable(int fd, char *name, size_t len)
     struct statfs sf;
     int unm = 0;
     if (fstatfs(fd, &sf) != 0) return NULL;
-    const char *n = fs_name((unsigned long)sf.f_type, name, len, &unm);
+    const char *n = fs_name((unsigned long)sf.f_type, name, len, &unm, NULL);
     if (!unm) return NULL;
     if (n != name) snprintf(name, len, "%s", n);
     return name;
@@ -82,7 +93,7 @@ const char *tps_fs_unmappable(int fd, char *name, size_t len)
 static const char *mode_words(int mode)
 {
     return mode == TPS_KC_CLONE   ? "blocks shared with the source (FICLONERANGE)"
-           : mode == TPS_KC_RANGE ? "copies in the kernel (copy_file_range)"
+           : mode == TPS_KC_RANGE ? "copies on the server (copy_file_range)"
                                   : "copies through user space";
 }
 
@@ -100,8 +111,9 @@ void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir
     struct statvfs sv;
     char nb[32];
     snprintf(K->fs, sizeof K->fs, "%s",
-             statfs(out_dir, &sf) == 0 ? fs_name((unsigned long)sf.f_type, nb, sizeof nb, NULL)
-                                       : "unknown fs");
+             statfs(out_dir, &sf) == 0
+                 ? fs_name((unsigned long)sf.f_type, nb, sizeof nb, NULL, &K->native)
+                 : "unknown fs");
     if (statvfs(out_dir, &sv) == 0 && sv.f_bsize >= 512 && sv.f_bsize <= (1u << 20) &&
         !(sv.f_bsize & (sv.f_bsize - 1)))
         K->blk = (uint32_t)sv.f_bsize;
@@ -121,7 +133,7 @@ void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir
     uint64_t n = (uint64_t)st.st_size >= K->blk ? K->blk : 0; /* 0: to the source's end */
     struct file_clone_range cr = {.src_fd = src_fd, .src_offset = 0, .src_length = n,
                                   .dest_offset = 0};
-    char why[160] = "";
+    char why[256] = "";
     if (ioctl(fd, FICLONERANGE, &cr) == 0) {
         K->mode = TPS_KC_CLONE;
     } else {
@@ -129,8 +141,12 @@ void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir
         off64_t i = 0, o = 0;
         size_t len = n ? n : (size_t)st.st_size;
         ssize_t w = copy_file_range(src_fd, &i, fd, &o, len, 0);
-        if (w > 0)
+        if (w > 0 && K->native)
             K->mode = TPS_KC_RANGE;
+        else if (w > 0)
+            snprintf(why + strlen(why), sizeof why - strlen(why),
+                     "; copy_file_range is the kernel's generic copy on %s, slower than one copy "
+                     "from the source's mapping", K->fs);
         else
             snprintf(why + strlen(why), sizeof why - strlen(why), "; copy_file_range: %s",
                      w == 0 ? "copied nothing" : strerror(errno));
@@ -204,6 +220,8 @@ tps_err tps_kcopy_range(tps_ctx *ctx, tps_kcopy *K, int in_fd, const char *in_pa
     *done = 0;
     if (mode == TPS_KC_USER) return TPS_OK;
     uint64_t sh = mode == TPS_KC_CLONE ? tps_kcopy_shareable(in_off, out_off, len, K->blk) : 0;
+    /* nothing to share: the caller's own copy, unless the file system copies better */
+    if (!sh && !K->native) return TPS_OK;
     if (!sh)
         return range_copy(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len, done);
     /* The whole blocks cloned; the partial blocks at either end copied. */
@@ -215,7 +233,7 @@ tps_err tps_kcopy_range(tps_ctx *ctx, tps_kcopy *K, int in_fd, const char *in_pa
         if (!refused(e))
             return tps_fail(ctx, e == ENOSPC || e == EDQUOT ? TPS_E_NOSPACE : TPS_E_IO,
                             "%s: FICLONERANGE from %s: %s", out_path, in_path, strerror(e));
-        lower(ctx, K, TPS_KC_CLONE, TPS_KC_RANGE, "FICLONERANGE", e);
+        lower(ctx, K, TPS_KC_CLONE, K->native ? TPS_KC_RANGE : TPS_KC_USER, "FICLONERANGE", e);
         return tps_kcopy_range(ctx, K, in_fd, in_path, in_off, out_fd, out_path, out_off, len,
                                done);
     }

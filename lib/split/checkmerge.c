@@ -611,7 +611,7 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
                     strerror(errno));
         made_dir = 1;
     }
-    /* Runs of the rank files go back as split wrote them: shared, or copied in the kernel. */
+    /* Runs of the rank files go back as split wrote them: shared, or copied by the file system */
     tps_kcopy K;
     tps_kcopy_probe(ctx, &K, ck->nfiles ? ck->files[0].fd : -1, o->out_dir, o->plain_copy);
     for (size_t i = 0; i < ck->norigins; i++) {
