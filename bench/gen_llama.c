@@ -6,7 +6,7 @@
  *             [--head-dim D] [--intermediate I] [--vocab V] [--layers L]
  *             [--index PARTS] [--f32-norms] [--tied] [--seed S] [-q]
  *             [--fp8] [--experts E [--moe-intermediate I]]
- * (--fp8: linear weights F8_E4M3 with 128x128 block scales, quant_method fp8;
+ * (--fp8: linear weights F8_E4M3 with 128x128 block scales (--block N: N x N), quant_method fp8;
  *  --experts: Qwen3-MoE shaped, E experts a layer of intermediate size I)
  *
  * Writes OUTDIR/config.json (LlamaForCausalLM), OUTDIR/generation_config.json
@@ -153,6 +153,7 @@ static tensor_t *T;
 static int nT, capT;
 
 static int g_fp8; /* --fp8: linear weights F8_E4M3 with 128x128 block scales */
+static long g_block = 128; /* --block N: N x N blocks instead */
 
 static tensor_t *add(const char *name, int ndim, uint64_t d0, uint64_t d1, int f32, int norm) {
     if (nT == capT) {
@@ -181,7 +182,8 @@ static void add_linear(const char *name, uint64_t out, uint64_t in) {
     t->nbytes = out * in;
     char sn[112];
     snprintf(sn, sizeof sn, "%s_scale_inv", name);
-    add(sn, 2, (out + 127) / 128, (in + 127) / 128, 1, 1);
+    uint64_t b = (uint64_t)g_block;
+    add(sn, 2, (out + b - 1) / b, (in + b - 1) / b, 1, 1);
 }
 
 static uint64_t parse_size(const char *s) {
@@ -396,7 +398,7 @@ static void usage(FILE *f) {
         "usage: gen_llama OUTDIR --size SIZE [--hidden H] [--heads N] [--kv-heads N]\n"
         "                 [--head-dim D] [--intermediate I] [--vocab V] [--layers L]\n"
         "                 [--index PARTS] [--f32-norms] [--tied] [--seed S] [-q]\n"
-        "                 [--fp8] [--experts E [--moe-intermediate I]]\n"
+        "                 [--fp8 [--block N]] [--experts E [--moe-intermediate I]]\n"
         "       gen_llama --measure [-o FILE] -- CMD [ARGS...]\n");
 }
 
@@ -428,6 +430,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--f32-norms") == 0) f32_norms = 1;
         else if (strcmp(a, "--tied") == 0) tied = 1;
         else if (strcmp(a, "--fp8") == 0) g_fp8 = 1;
+        else if (strcmp(a, "--block") == 0) g_block = parse_long(a, NEXT());
         else if (strcmp(a, "--experts") == 0) experts = parse_long(a, NEXT());
         else if (strcmp(a, "--moe-intermediate") == 0) moe_inter = parse_long(a, NEXT());
         else if (strcmp(a, "-q") == 0) quiet = 1;
@@ -531,6 +534,12 @@ int main(int argc, char **argv) {
 
     if (mkdir(outdir, 0755) != 0 && errno != EEXIST) die("cannot create %s", outdir);
 
+    char qcfg[256] = "";
+    if (g_fp8)
+        snprintf(qcfg, sizeof qcfg,
+                 "  \"quantization_config\": {\"quant_method\": \"fp8\", "
+                 "\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
+                 "\"weight_block_size\": [%ld, %ld]},\n", g_block, g_block);
     char moe_cfg[512] = "";
     if (experts)
         snprintf(moe_cfg, sizeof moe_cfg,
@@ -570,10 +579,7 @@ int main(int argc, char **argv) {
         "}\n",
         experts ? "Qwen3MoeForCausalLM" : "LlamaForCausalLM", head_dim, hidden, inter,
         experts ? "qwen3_moe" : "llama", heads, layers, kv, tied ? "true" : "false",
-        moe_cfg, g_fp8 ? "  \"quantization_config\": {\"quant_method\": \"fp8\", "
-                         "\"activation_scheme\": \"dynamic\", \"fmt\": \"e4m3\", "
-                         "\"weight_block_size\": [128, 128]},\n" : "",
-        vocab);
+        moe_cfg, qcfg, vocab);
     write_text(outdir, "config.json", c.s);
     write_text(outdir, "generation_config.json",
                "{\n  \"_from_model_config\": true,\n  \"bos_token_id\": 1,\n  \"eos_token_id\": 2,\n"

@@ -96,11 +96,16 @@ BIG_ROW=""
 if [ -n "$BIG" ]; then
 	say ""
 	say "## 3. $BIG beyond a $CGROUP_MEM memory cgroup, cold"
-	cg=/sys/fs/cgroup/tpshard-bench.$$
-	if [ "$(id -u)" != 0 ] || ! mkdir "$cg" 2>/dev/null; then
-		say "  skipped: needs root and cgroup v2 at /sys/fs/cgroup"
+	# cgroup v2 (memory.max), else v1's memory controller (memory.limit_in_bytes)
+	if [ -f /sys/fs/cgroup/cgroup.controllers ]; then
+		cg=/sys/fs/cgroup/tpshard-bench.$$ lim=memory.max
 	else
-		echo "$(size_bytes "$CGROUP_MEM")" >"$cg/memory.max"
+		cg=/sys/fs/cgroup/memory/tpshard-bench.$$ lim=memory.limit_in_bytes
+	fi
+	if [ "$(id -u)" != 0 ] || ! mkdir "$cg" 2>/dev/null || ! echo "$(size_bytes "$CGROUP_MEM")" >"$cg/$lim"; then
+		say "  skipped: needs root and a memory cgroup (v2 at /sys/fs/cgroup, v1 at /sys/fs/cgroup/memory)"
+		rmdir "$cg" 2>/dev/null || true
+	else
 		B=$(mktemp -d "$BIG_DIR/tpshard-bench-big.XXXXXX")
 		gen_model "$BIG" "$B/m"
 		sync

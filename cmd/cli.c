@@ -232,3 +232,77 @@ int cli_print_doc(tps_ctx *ctx, tps_err e, char **doc)
     *doc = NULL;
     return 0;
 }
+
+int cli_pipeline(const char *usage, const char *cmd, long *pp, const char *pp_layers,
+                 const tps_layout_spec *spec, int **layers)
+{
+    char why[160];
+    int *given = NULL, *env = NULL;
+    const char *ev = getenv("VLLM_PP_LAYER_PARTITION");
+    int st = 0;
+    *layers = NULL;
+    if (pp_layers && !*pp) { /* the list's length is the stage count */
+        *pp = 1;
+        for (const char *c = pp_layers; *c; c++) *pp += *c == ',';
+    }
+    if (*pp <= 1 && !pp_layers) {
+        if (ev && *ev)
+            cli_info("%s: VLLM_PP_LAYER_PARTITION=%s is set, but there is one pipeline stage: "
+                     "ignored", cmd, ev);
+        return 0;
+    }
+    if (!tps_layout_spec_has_pipeline(spec)) {
+        char list[256] = "";
+        size_t o = 0;
+        tps_ctx *c = tps_ctx_new();
+        for (size_t i = 0; c && i < tps_layout_spec_builtin_count(); i++) {
+            tps_layout_spec *s = NULL;
+            if (tps_layout_spec_builtin(c, tps_layout_spec_builtin_name(i), &s) == TPS_OK &&
+                tps_layout_spec_has_pipeline(s) && o < sizeof list)
+                o += (size_t)snprintf(list + o, sizeof list - o, "%s%s", o ? ", " : "",
+                                      tps_layout_spec_name(s));
+            tps_layout_spec_free(s);
+        }
+        tps_ctx_free(c);
+        return cli_usage_error(usage,
+                               "%s: --pp%s is for layouts with pipeline stages (--layout %s); "
+                               "layout %s has none",
+                               cmd, pp_layers ? "-layers" : "", o ? list : "none",
+                               tps_layout_spec_name(spec));
+    }
+    given = pp_layers ? calloc((size_t)*pp, sizeof *given) : NULL;
+    env = ev && *pp > 1 ? calloc((size_t)*pp, sizeof *env) : NULL;
+    if ((pp_layers && !given) || (ev && *pp > 1 && !env)) {
+        st = cli_error("out of memory");
+        goto out;
+    }
+    if (given && tps_pp_parse_layers(pp_layers, (int)*pp, given, why, sizeof why)) {
+        st = cli_usage_error(usage, "%s: --pp-layers '%s': %s", cmd, pp_layers, why);
+        goto out;
+    }
+    if (env && tps_pp_parse_layers(ev, (int)*pp, env, why, sizeof why)) {
+        st = cli_usage_error(usage, "%s: VLLM_PP_LAYER_PARTITION '%s': %s (vLLM reads the same "
+                                    "variable and would refuse it)",
+                             cmd, ev, why);
+        goto out;
+    }
+    if (given && env && memcmp(given, env, sizeof *given * (size_t)*pp)) {
+        st = cli_usage_error(usage,
+                             "%s: --pp-layers %s and VLLM_PP_LAYER_PARTITION=%s disagree: vLLM "
+                             "partitions the layers as the variable says; give one, or the same",
+                             cmd, pp_layers, ev);
+        goto out;
+    }
+    if (env) {
+        cli_info("%s: layer partition %s from VLLM_PP_LAYER_PARTITION", cmd, ev);
+        *layers = env;
+        env = NULL;
+    } else if (given) {
+        *layers = given;
+        given = NULL;
+    }
+out:
+    free(given);
+    free(env);
+    return st;
+}

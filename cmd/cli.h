@@ -69,6 +69,14 @@ void cli_report_rejection(const tps_plan *plan, const tps_layout *L);
 int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const tps_layout_spec *spec,
               const char *usage);
 
+/* --pp and --pp-layers (plan, split): *pp from the list's length when only
+ * --pp-layers is given; a usage error (2) for a layout without pipeline
+ * stages, a bad list, or a list that VLLM_PP_LAYER_PARTITION (honoured when
+ * set, and said at -v) contradicts. *layers: the partition to use (malloc'd),
+ * or NULL for the engine's own. 0 to go on, else the exit status. */
+int cli_pipeline(const char *usage, const char *cmd, long *pp, const char *pp_layers,
+                 const tps_layout_spec *spec, int **layers);
+
 /* Subcommands: each returns the exit status. */
 int cmd_inspect(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

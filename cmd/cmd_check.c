@@ -36,9 +36,12 @@ int cmd_check(int argc, char **argv)
         char *doc = NULL;
         status = cli_print_doc(ctx, tps_check_json(ctx, dir, &r, &doc), &doc);
     } else if (g_display >= 1) {
-        printf("%s: %s: %d file%s, %llu tensors, %s checked against the manifest (tp %d)\n",
+        char shape[48];
+        if (r.pp > 1) snprintf(shape, sizeof shape, "tp %d x pp %d", r.tp, r.pp);
+        else snprintf(shape, sizeof shape, "tp %d", r.tp);
+        printf("%s: %s: %d file%s, %llu tensors, %s checked against the manifest (%s)\n",
                r.complete ? "ok" : "partial", dir, r.files_checked, r.files_checked == 1 ? "" : "s",
-               (unsigned long long)r.tensors_checked, cli_human(r.bytes_checked, b, sizeof b), r.tp);
+               (unsigned long long)r.tensors_checked, cli_human(r.bytes_checked, b, sizeof b), shape);
         if (r.headers_checked < r.files_checked)
             printf("unchecked: the headers of %d file%s: the manifest records no header CRC32 "
                    "(split again to cover every byte)\n",
@@ -47,7 +50,7 @@ int cmd_check(int argc, char **argv)
         if (!r.complete)
             printf("partial: rank(s) %s are not written here yet (split --ranks); %d of %d ranks "
                    "present\n",
-                   r.missing_ranks, r.ranks_present, r.tp);
+                   r.missing_ranks, r.ranks_present, r.ranks);
     }
     /* Partial is not complete, whatever is printed: a pipeline that checks
      * the exit status never takes a directory still being filled. */

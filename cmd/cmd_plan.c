@@ -8,7 +8,7 @@
 
 const char usage_plan[] =
     "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--ep] "
-    "[--untie] [--list] [--json]\n"
+    "[--pp N] [--pp-layers LIST] [--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -21,6 +21,9 @@ const char usage_plan[] =
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
     "  --layout L      dtensor (default), vllm, sglang, or a layout file\n"
     "  --ep            MoE checkpoints: experts whole on one rank each, as split --ep\n"
+    "  --pp N          --layout vllm: N pipeline stages, as split --pp: the stage of\n"
+    "                  every tensor and layer, the bytes of every rank (worker)\n"
+    "  --pp-layers L   each stage's layers, as split --pp-layers\n"
     "  --untie         plan the split of a tied checkpoint as split --untie writes it\n"
     "  --list          list the built-in plans and layouts and exit\n"
     "  --json          one JSON document on stdout\n"
@@ -208,7 +211,11 @@ static void print_rank_tensors(const tps_layout *L, int r)
         tps_layout_rank_tensor(L, r, k, &v);
         if (strlen(v.name) > w) w = strlen(v.name);
     }
-    printf("\nrank %d holds:\n", r);
+    int tp = tps_layout_tp(L);
+    if (tps_layout_pp(L) > 1)
+        printf("\nrank %d (stage %d, tp rank %d) holds:\n", r, r / tp, r % tp);
+    else
+        printf("\nrank %d holds:\n", r);
     char sh[128], src[2048];
     for (size_t k = 0; k < n; k++) {
         tps_rank_tensor_view v;
@@ -231,13 +238,20 @@ static void local_desc(const tps_layout *L, size_t i, char *buf, size_t len)
         return;
     }
     int tp = tps_layout_tp(L);
+    /* with pipeline stages: the tp ranks of the first stage holding it */
+    int base = 0;
+    for (int w = 0; w < tps_layout_ranks(L); w++)
+        if (tps_layout_local_bytes(L, i, w)) {
+            base = w / tp * tp;
+            break;
+        }
     size_t o = 0;
     buf[0] = 0;
     for (int r = 0; r < tp && o < len;) {
         uint64_t s, l, s2, l2;
-        tps_layout_local(L, i, r, &s, &l);
+        tps_layout_local(L, i, base + r, &s, &l);
         int k = r + 1;
-        while (k < tp && (tps_layout_local(L, i, k, &s2, &l2), l2 == l)) k++;
+        while (k < tp && (tps_layout_local(L, i, base + k, &s2, &l2), l2 == l)) k++;
         char sh[128];
         shape_into(v.shape, v.ndim, v.dim, l, sh, sizeof sh);
         o += (size_t)snprintf(buf + o, len - o, "%s%s", o ? ", " : "", sh);
@@ -246,11 +260,50 @@ static void local_desc(const tps_layout *L, size_t i, char *buf, size_t len)
     }
 }
 
+/* "0", "1", "0,1" or "all": the pipeline stages holding tensor i. */
+static void stages_desc(const tps_layout *L, size_t i, char *buf, size_t len)
+{
+    int tp = tps_layout_tp(L), pp = tps_layout_pp(L), n = 0;
+    size_t o = 0;
+    buf[0] = 0;
+    for (int s = 0; s < pp; s++) {
+        int held = 0;
+        for (int r = 0; r < tp && !held; r++) held = tps_layout_local_bytes(L, i, s * tp + r) > 0;
+        if (!held) continue;
+        n++;
+        if (o < len) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? "," : "", s);
+    }
+    if (n == pp && pp > 2) snprintf(buf, len, "all");
+    if (!n) snprintf(buf, len, "-");
+}
+
+/* The stages' layers and their ranks' bytes. */
+static void print_stages(const tps_layout *L)
+{
+    int tp = tps_layout_tp(L), pp = tps_layout_pp(L);
+    char b1[32];
+    printf("\npipeline stages (rank = stage x %d + tp rank; files model-pp-{stage}-tp-{rank}-part-"
+           "{p}.safetensors):\n", tp);
+    for (int s = 0; s < pp; s++) {
+        int first, nl;
+        tps_layout_stage(L, s, &first, &nl);
+        printf("  stage %d: layers %d-%d (%d), ranks %d-%d:", s, first, first + nl - 1, nl, s * tp,
+               s * tp + tp - 1);
+        for (int r = 0; r < tp; r++)
+            printf("%s %s", r ? "," : "", cli_human(tps_layout_rank_bytes(L, s * tp + r), b1,
+                                                    sizeof b1));
+        printf("\n");
+    }
+}
+
 int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan, tps_layout *L)
 {
-    int tp = tps_layout_tp(L);
+    int tp = tps_layout_ranks(L), pp = tps_layout_pp(L);
     size_t n = tps_layout_count(L);
     uint64_t total = tps_ckpt_total_bytes(ck), sum = 0, maxr = 0;
+    char at[48];
+    if (pp > 1) snprintf(at, sizeof at, "tp %d x pp %d", tps_layout_tp(L), pp);
+    else snprintf(at, sizeof at, "tp %d", tps_layout_tp(L));
     for (int r = 0; r < tp; r++) {
         uint64_t b = tps_layout_rank_bytes(L, r);
         sum += b;
@@ -266,10 +319,10 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         return st ? st : rej ? 1 : 0;
     }
     if (target)
-        printf("plan %s, layout %s (%s) for %s at tp %d\n\n", tps_plan_name(plan),
-               tps_layout_name(L), target, model, tp);
+        printf("plan %s, layout %s (%s) for %s at %s\n\n", tps_plan_name(plan),
+               tps_layout_name(L), target, model, at);
     else
-        printf("plan %s for %s at tp %d\n\n", tps_plan_name(plan), model, tp);
+        printf("plan %s for %s at %s\n\n", tps_plan_name(plan), model, at);
     if (tps_ckpt_untied_head(ck))
         printf("untie: %s is written from %s's bytes; the output's config.json says "
                "tie_word_embeddings false\n\n",
@@ -280,8 +333,12 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         tps_layout_placement(L, i, &v);
         if (strlen(v.name) > w) w = strlen(v.name);
     }
-    printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, "TENSOR", "STYLE", "PLACEMENT", "GLOBAL",
-           "LOCAL (rank 0..)");
+    if (pp > 1)
+        printf("  %-*s  %-5s  %-17s  %-9s  %-16s  %s\n", (int)w, "TENSOR", "STAGE", "STYLE",
+               "PLACEMENT", "GLOBAL", "LOCAL (tp rank 0..)");
+    else
+        printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, "TENSOR", "STYLE", "PLACEMENT",
+               "GLOBAL", "LOCAL (rank 0..)");
     for (size_t i = 0; i < n; i++) {
         tps_placement_view v;
         tps_layout_placement(L, i, &v);
@@ -295,6 +352,13 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         }
         local_desc(L, i, buf, sizeof buf);
         if (v.dim >= 0) snprintf(b1, sizeof b1, "Shard(%d)", v.dim);
+        if (pp > 1) {
+            char sd[64];
+            stages_desc(L, i, sd, sizeof sd);
+            printf("  %-*s  %-5s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, sd,
+                   tps_style_name(v.style), v.dim >= 0 ? b1 : "Replicate", g, buf);
+            continue;
+        }
         printf("  %-*s  %-17s  %-9s  %-16s  %s\n", (int)w, v.name, tps_style_name(v.style),
                v.dim >= 0 ? b1 : "Replicate", g, buf);
     }
@@ -328,6 +392,7 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
     printf("\nsource %s; all ranks %s; replication overhead %.1f%%; largest rank %.1f%% of the source\n",
            cli_human(total, b1, sizeof b1), cli_human(sum, b2, sizeof b2), 100.0 * overhead,
            total ? 100.0 * (double)maxr / (double)total : 0.0);
+    if (pp > 1 && !rej) print_stages(L);
     print_layers(L);
     printf("\nchecks:\n");
     for (size_t i = 0; i < tps_layout_check_count(L); i++) {
@@ -375,11 +440,13 @@ int cmd_plan(int argc, char **argv)
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
         {"layout", required_argument, 0, 'L'},
         {"untie", no_argument, 0, 'u'},      {"ep", no_argument, 0, 'E'},
+        {"pp", required_argument, 0, 'P'},   {"pp-layers", required_argument, 0, 'Y'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
         {0, 0, 0, 0}};
-    long tp = 0;
-    const char *plan_file = NULL, *family = NULL, *layout = NULL;
+    long tp = 0, pp = 0;
+    const char *plan_file = NULL, *family = NULL, *layout = NULL, *pp_layers = NULL;
+    int *stage_layers = NULL;
     int list = 0, untie = 0, ep = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
@@ -393,6 +460,10 @@ int cmd_plan(int argc, char **argv)
         case 'L': layout = optarg; break;
         case 'u': untie = 1; break;
         case 'E': ep = 1; break;
+        case 'P':
+            if (cli_parse_int(usage_plan, "--pp", optarg, 1, 4096, &pp)) return 2;
+            break;
+        case 'Y': pp_layers = optarg; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -413,13 +484,16 @@ int cmd_plan(int argc, char **argv)
     tps_layout_spec *spec = NULL;
     int status = cli_open_model_and_plan(ctx, argv[optind], plan_file, family, &ck, &plan);
     if (!status) status = cli_open_layout(ctx, layout, &spec);
+    if (!status) status = cli_pipeline(usage_plan, "plan", &pp, pp_layers, spec, &stage_layers);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) {
-        tps_err e = tps_layout_new_ep(ctx, ck, plan, spec, (int)tp, ep, &L);
+        tps_err e = tps_layout_new_pp(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1,
+                                      stage_layers, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(ctx, argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
             cli_report_rejection(plan, L);
     }
+    free(stage_layers);
     tps_layout_free(L);
     tps_layout_spec_free(spec);
     tps_plan_free(plan);

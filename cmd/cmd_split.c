@@ -7,8 +7,8 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ep] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] [--mmap | --no-mmap] "
-    "[--copy] [--force] "
+    "[--ep] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
+    "[--mmap | --no-mmap] [--copy] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
@@ -25,7 +25,13 @@ const char usage_split[] =
     "  --ep                 MoE checkpoints, serving layouts: expert parallelism, each\n"
     "                       expert whole on one rank (vLLM --enable-expert-parallel,\n"
     "                       SGLang --ep-size N); attention stays tensor parallel\n"
-    "  --ranks LIST         write only these ranks, e.g. 0,3-5; auto: this task's share,\n"
+    "  --pp N               --layout vllm: N pipeline stages of --tp ranks each, files\n"
+    "                       model-pp-{stage}-tp-{rank}-part-{p}.safetensors, each layer on\n"
+    "                       the stage vLLM gives it (VLLM_PP_LAYER_PARTITION when set)\n"
+    "  --pp-layers LIST     the layers of each stage, e.g. 15,15,16,15 (as\n"
+    "                       VLLM_PP_LAYER_PARTITION says it; implies --pp)\n"
+    "  --ranks LIST         write only these ranks (with --pp, workers stage x tp + rank,\n"
+    "                       0..tp x pp - 1), e.g. 0,3-5; auto: this task's share,\n"
     "                       from RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/\n"
     "                       PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or SLURM_ARRAY_TASK_ID/\n"
     "                       SLURM_ARRAY_TASK_COUNT (the first set, with a count above 1)\n"
@@ -54,10 +60,13 @@ int cmd_split(int argc, char **argv)
         {"no-mmap", no_argument, 0, 'M'},        {"mmap", no_argument, 0, 'A'},
         {"copy", no_argument, 0, 'C'},           {"no-reflink", no_argument, 0, 'C'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
         {"untie", no_argument, 0, 'u'},         {"ep", no_argument, 0, 'E'},
+        {"pp", required_argument, 0, 'P'},       {"pp-layers", required_argument, 0, 'Y'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
-    long tp = 0, threads = 0;
+    long tp = 0, threads = 0, pp = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
+    const char *pp_layers = NULL;
+    int *stage_layers = NULL;
     uint64_t max_part = 0;
     int force = 0, dry = 0, map = 1, plain = 0, untie = 0, ep = 0, c;
     optind = 1;
@@ -84,6 +93,10 @@ int cmd_split(int argc, char **argv)
         case 'n': dry = 1; break;
         case 'u': untie = 1; break;
         case 'E': ep = 1; break;
+        case 'P':
+            if (cli_parse_int(usage_split, "--pp", optarg, 1, 4096, &pp)) return 2;
+            break;
+        case 'Y': pp_layers = optarg; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -96,13 +109,21 @@ int cmd_split(int argc, char **argv)
     if (ep && (!layout || !strcmp(layout, "dtensor")))
         return cli_usage_error(usage_split, "split: --ep is for the serving layouts (--layout vllm or "
                                     "sglang); the dtensor layout splits experts as the plan says");
+    /* The ranks --ranks counts are the workers: tp x pp of them. */
+    if (!pp && pp_layers) {
+        pp = 1;
+        for (const char *p = pp_layers; *p; p++) pp += *p == ',';
+    }
+    long nw = tp * (pp ? pp : 1);
+    if (nw > 65536)
+        return cli_usage_error(usage_split, "split: --tp %ld x --pp %ld is over 65536 ranks", tp, pp);
     unsigned char *mask = NULL;
     tps_task task = {0};
     if (ranks && !strcmp(ranks, "auto")) {
         /* One of several launched tasks: its share, from the launcher. */
         tps_ctx *tc = tps_ctx_new();
-        mask = calloc((size_t)tp, 1);
-        tps_err te = tc && mask ? tps_task_from_env(tc, NULL, (int)tp, &task) : TPS_E_NOMEM;
+        mask = calloc((size_t)nw, 1);
+        tps_err te = tc && mask ? tps_task_from_env(tc, NULL, (int)nw, &task) : TPS_E_NOMEM;
         if (te) {
             int st = cli_usage_error(usage_split, "split: %s",
                                      tc ? tps_ctx_errmsg(tc) : "out of memory");
@@ -115,26 +136,26 @@ int cmd_split(int argc, char **argv)
         if (g_display >= 1 && !dry) {
             if (task.nranks == 1)
                 fprintf(stderr, "tpshard: task %d of %d (%s/%s): rank %d of %ld\n", task.index,
-                        task.count, task.index_var, task.count_var, task.first, tp);
+                        task.count, task.index_var, task.count_var, task.first, nw);
             else if (task.nranks)
                 fprintf(stderr, "tpshard: task %d of %d (%s/%s): ranks %d-%d of %ld\n", task.index,
                         task.count, task.index_var, task.count_var, task.first,
-                        task.first + task.nranks - 1, tp);
+                        task.first + task.nranks - 1, nw);
             else
                 fprintf(stderr,
                         "tpshard: task %d of %d (%s/%s): no rank to write: %d tasks share %ld "
                         "ranks, one each to tasks 0-%ld\n",
-                        task.index, task.count, task.index_var, task.count_var, task.count, tp,
-                        tp - 1);
+                        task.index, task.count, task.index_var, task.count_var, task.count, nw,
+                        nw - 1);
         }
     } else if (ranks) {
-        mask = calloc((size_t)tp, 1);
-        if (!mask || tps_parse_ranks(ranks, (int)tp, mask) != 0) {
+        mask = calloc((size_t)nw, 1);
+        if (!mask || tps_parse_ranks(ranks, (int)nw, mask) != 0) {
             free(mask);
             return cli_usage_error(usage_split,
                                    "split: --ranks '%s' is not a list of ranks below %ld "
-                                   "(e.g. 0,3-5) or auto",
-                                   ranks, tp);
+                                   "(e.g. 0,3-5) or auto%s",
+                                   ranks, nw, pp > 1 ? " (with --pp, rank = stage x tp + tp rank)" : "");
         }
     }
     const char *model = argv[optind];
@@ -147,9 +168,11 @@ int cmd_split(int argc, char **argv)
     char *outbuf = NULL;
     int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
     if (!status) status = cli_open_layout(ctx, layout, &spec);
+    if (!status) status = cli_pipeline(usage_split, "split", &pp, pp_layers, spec, &stage_layers);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
-    tps_err e = tps_layout_new_ep(ctx, ck, plan, spec, (int)tp, ep, &L);
+    tps_err e = tps_layout_new_pp(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1, stage_layers,
+                                  &L);
     if (e) {
         status = cli_lib_error(ctx, e);
         goto done;
@@ -160,7 +183,7 @@ int cmd_split(int argc, char **argv)
         goto done;
     }
     if (!out) {
-        e = tps_split_default_dir(ctx, ck, (int)tp, &outbuf);
+        e = tps_split_default_dir_pp(ctx, ck, (int)tp, pp ? (int)pp : 1, &outbuf);
         if (e) {
             status = cli_lib_error(ctx, e);
             goto done;
@@ -185,19 +208,20 @@ int cmd_split(int argc, char **argv)
         status = cli_print_doc(ctx, tps_split_json(ctx, L, &so, &res, &doc), &doc);
     } else if (g_display >= 1 && mask && !res.ranks_written) {
         printf("wrote nothing to %s: task %d of %d has no rank of %ld to write\n", out, task.index,
-               task.count, tp);
+               task.count, nw);
     } else if (g_display >= 1) {
         if (tps_layout_target(L))
             printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s, layout %s for %s)\n",
                    res.files_written, res.files_written == 1 ? "" : "s",
-                   cli_human(res.bytes_written, b1, sizeof b1), res.ranks_written, tp, out,
+                   cli_human(res.bytes_written, b1, sizeof b1), res.ranks_written, nw, out,
                    tps_plan_name(plan), tps_layout_name(L), tps_layout_target(L));
         else
             printf("wrote %d file%s (%s) for %d of %ld ranks to %s (plan %s)\n", res.files_written,
                    res.files_written == 1 ? "" : "s", cli_human(res.bytes_written, b1, sizeof b1),
-                   res.ranks_written, tp, out, tps_plan_name(plan));
+                   res.ranks_written, nw, out, tps_plan_name(plan));
     }
 done:
+    free(stage_layers);
     free(mask);
     free(outbuf);
     tps_layout_free(L);

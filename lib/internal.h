@@ -286,6 +286,16 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
  * safetensors: the JSON may end in spaces), its length prefix rewritten. */
 tps_err tps_st_pad_header(tps_ctx *ctx, char **hdr, size_t *hdr_len, size_t extra);
 
+/* A refined scale grid (vLLM's FP8 experts, refine_fp8_moe_block_shape):
+ * the region's elements written rep_n times along rows and rep_k times
+ * along columns, F32, and along the region's dim only `out` of the
+ * repeated rows (dim 0) or columns (dim 1) from the `skip`th. Readers undo
+ * it (every copy must agree) and see the region's own bytes. */
+typedef struct {
+    uint32_t rep_n, rep_k;
+    uint64_t skip, out;
+} tps_xform;
+
 /* ------------------------------------------------------------------ checkpoint */
 
 typedef struct {
@@ -302,6 +312,9 @@ typedef struct {
     tps_dtype stored;   /* the dtype its bytes are in: the tensor's, or F32 when a
                          * serving layout widened it (scales); reads narrow it back */
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
+    tps_xform xf;       /* rep_n 0: none; else a refined grid, F32 (reads undo it) */
+    int xdim;           /* the dim the refined piece was cut along */
+    uint64_t xrows, xcols; /* the region's rows and columns (2-D scales) */
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
@@ -370,6 +383,9 @@ struct tps_ckpt {
     cJSON *config;   /* NULL when no config.json */
     cJSON *manifest; /* sharded dirs */
     int tp;          /* sharded dirs */
+    int pp;          /* sharded dirs: pipeline stages (1 without pp) */
+    int nranks;      /* sharded dirs: tp * pp ranks (workers); rank w is stage w / tp */
+    int *stage_first, *stage_layers; /* sharded dirs, pp > 1: the manifest's stages */
     char **origins;  /* original file names, in order (sharded: from manifest) */
     size_t norigins;
     cJSON *origin_meta; /* {file: {__metadata__}} */
@@ -432,6 +448,10 @@ char *tps_json_untie_text(const char *text, size_t len);
 /* Read from one piece of tensor i: bytes [off, off+len) of that piece. */
 tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piece, uint64_t off,
                             void *buf, size_t len);
+/* A refined replica's rows (vLLM's refined scale grid), read back, equal
+ * tensor i's as its primaries hold them; else an error (what appended). */
+tps_err tps_ckpt_refined_same(tps_ctx *ctx, const tps_ckpt *ck, size_t i, const tps_piece *pc,
+                              const char *what);
 /* The same for a piece (or replica) p of tensor t, narrowing widened bytes. */
 tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
                                const tps_piece *p, uint64_t off, void *buf, size_t len);
@@ -678,6 +698,16 @@ typedef struct {
     size_t nstacks;
     char **model_types; /* only for these (none: every one) */
     size_t nmt;
+    /* fuse_shared: the sibling module (e.g. shared_experts) whose parts the
+     * engine stacks as one more expert, after the routed ones, when the
+     * config's first architecture is listed, the count is one of counts and
+     * config[shared_field] is 1; never under --ep. NULL: never. */
+    char *shared;
+    char **shared_arch;
+    size_t nshared_arch;
+    uint64_t shared_counts[8];
+    size_t nshared_counts;
+    char *shared_field;
     int line;
 } tps_lexperts;
 
@@ -734,6 +764,7 @@ typedef struct tps_lspec {
     /* quantized checkpoints: scales as the engine holds them */
     int scale_f32;          /* every scale and input scale widened to F32 */
     int scalar_as_1;        /* 0-dim per-tensor scales written [1] */
+    int refine_moe_blocks; /* scales: refine_expert_blocks: the engine refines FP8 expert blocks */
     unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
     char *refuse_scales_reason;
     tps_ldrop *drops;
@@ -743,6 +774,17 @@ typedef struct tps_lspec {
     int has_keys;
     tps_lrename *renames;
     size_t nrenames;
+    /* pipeline (has_pipeline): how the engine builds a stage's model. The layers
+     * (modules under pp_layers, e.g. model.layers.N) split into stages by the
+     * engine's partition; the modules outside them are built on the first
+     * stage (pp_first), the last (pp_last), or, for the model types in
+     * pp_every, on every stage. A tied head is on the last stage, and the
+     * first holds it under the embedding's name, unless every stage has both. */
+    int has_pipeline;
+    char *pp_layers;      /* module path of the decoder layers' list, e.g. "model.layers" */
+    char *pp_count;       /* config count of the layers, e.g. "num_hidden_layers" */
+    char **pp_first, **pp_last, **pp_every;
+    size_t npp_first, npp_last, npp_every;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
@@ -877,6 +919,7 @@ typedef struct {
     uint64_t at;     /* byte offset in the rank tensor */
     uint64_t nbytes;
     int replica;     /* SRC: another piece of the same region is the primary */
+    uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid) */
     double value;    /* CONST: every element, in the rank tensor's dtype */
 } tps_lpiece;
 
@@ -907,6 +950,13 @@ struct tps_layout {
     tps_quant *q;          /* quantized checkpoints: scales follow their weights */
     int tp;
     int ep;                /* experts whole on one rank each (split --ep) */
+    /* pipeline parallelism (a layout with a pipeline section): pp stages of
+     * tp ranks each; rank (worker) w is stage w / tp, tensor-parallel rank
+     * w % tp, and nranks = tp * pp. Stage s holds layers
+     * [stage_first[s], stage_first[s] + stage_layers[s]). */
+    int pp, nranks;
+    int *stage_first, *stage_layers;
+    int pp_from_env;       /* the partition came from VLLM_PP_LAYER_PARTITION */
     tps_place *p;     /* same order as ck->t */
     size_t n;
     tps_check_outcome *checks;
@@ -920,6 +970,8 @@ struct tps_layout {
     size_t npieces, cap_pieces;
     tps_region *regions;
     size_t nregions, cap_regions;
+    tps_xform *xforms; /* the refined pieces' transforms (tps_lpiece.xf - 1) */
+    size_t nxforms;
     size_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
     size_t *src_piece0;
     char **names;     /* made-up rank tensor names (owned) */
@@ -935,8 +987,8 @@ struct tps_layout {
 /* The layout of a directory split earlier: styles as its manifest recorded
  * them (no plan), the layout file it used, and the directory's config. */
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
-                               const tps_lspec *spec, int tp, int ep, const tps_style *styles,
-                               tps_layout **out);
+                               const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
+                               const tps_style *styles, tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);
@@ -954,8 +1006,6 @@ void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, u
  * module path ("model.layers.12.self_attn.k_proj.weight": 12), or -1. */
 int tps_layer_of_name(const char *name);
 
-/* Bytes of tensor i on rank r under the layout. */
-uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);

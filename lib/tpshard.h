@@ -248,6 +248,32 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
 tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                           const tps_layout_spec *spec, int tp, int ep, tps_layout **out);
 int tps_layout_ep(const tps_layout *L);
+/* Pipeline parallelism (a layout with a pipeline section: vllm): pp stages
+ * of tp ranks each, rank w = stage w / tp, tensor-parallel rank w % tp.
+ * layers: pp layer counts (each >= 1, summing to the model's layers), or
+ * NULL for the engine's own partition (tps_pp_default_partition). pp 1 is
+ * tps_layout_new_ep. A layout without pipeline stages is TPS_E_ARG; more
+ * stages than layers, or a partition of another count, TPS_E_REJECT. */
+tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                          const tps_layout_spec *spec, int tp, int ep, int pp, const int *layers,
+                          tps_layout **out);
+int tps_layout_pp(const tps_layout *L);     /* 1 without pipeline parallelism */
+int tps_layout_ranks(const tps_layout *L);  /* tp * pp: the ranks (workers) with rank files */
+/* Stage s's layers: [*first, *first + *n); the whole model at pp 1 (n 0 without a count). */
+void tps_layout_stage(const tps_layout *L, int s, int *first, int *n);
+int tps_layout_stage_of_layer(const tps_layout *L, int layer); /* -1: no stage holds it */
+int tps_layout_spec_has_pipeline(const tps_layout_spec *s);   /* 0 for dtensor (NULL) */
+/* vLLM's get_pp_indices without VLLM_PP_LAYER_PARTITION: nlayers / pp a
+ * stage, the remainder one each to stages pp-2, pp-3, ... */
+void tps_pp_default_partition(int nlayers, int pp, int *out);
+/* "15,15,16,15" (--pp-layers, VLLM_PP_LAYER_PARTITION) into pp counts: 0, or
+ * -1 with why (a count of stages other than pp, a stage of 0, not numbers). */
+int tps_pp_parse_layers(const char *s, int pp, int *out, char *why, size_t whylen);
+/* Rank w's part p file name: model-rank-{w}-part-{p}.safetensors, or with
+ * pp > 1 vLLM's model-pp-{w / tp}-tp-{w % tp}-part-{p}.safetensors. */
+void tps_rank_file_name(int tp, int pp, int rank, int part, char *buf, size_t len);
+/* The reverse: the characters of name it used (the rest is the suffix), or -1. */
+int tps_rank_file_parse(const char *name, int tp, int pp, int *rank, int *part);
 /* The DTensor layout: tps_layout_new_with(..., NULL, ...). */
 tps_err tps_layout_new(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan, int tp,
                        tps_layout **out);
@@ -265,6 +291,8 @@ int tps_layout_dim(const tps_layout *L, size_t i);
  * engine's load_weights skips it; the manifest lists it as dropped), or NULL. */
 const char *tps_layout_dropped(const tps_layout *L, size_t i);
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank);
+/* Bytes of tensor i on rank r under the layout (replicas included). */
+uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank);
 size_t tps_layout_check_count(const tps_layout *L);
 void tps_layout_check(const tps_layout *L, size_t i, tps_check_view *v);
 /* NULL when accepted, else the first failed check's reason. */
@@ -315,7 +343,8 @@ void tps_layout_layer(const tps_layout *L, size_t i, tps_layer_view *v);
 
 typedef struct {
     int tp;                     /* must equal the layout's tp (0: take the layout's) */
-    const unsigned char *ranks; /* NULL = all; else tp entries, 1 = write (all 0: writes
+    const unsigned char *ranks; /* NULL = all; else tps_layout_ranks(L) entries (tp x pp
+                                   workers), 1 = write (all 0: writes
                                    nothing); see tps_split on sharing a directory */
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
@@ -424,6 +453,8 @@ typedef struct {
     int headers_checked;     /* files whose header (length, JSON, padding) has the manifest's
                               * CRC32; fewer than files_checked when the manifest predates
                               * header CRCs (a warning says so) */
+    int pp;                  /* pipeline stages (1 without) */
+    int ranks;               /* tp x pp ranks (workers); missing_ranks counts these */
 } tps_check_result;
 
 /* Verifies DIR against its manifest. TPS_E_MISMATCH on any disagreement.
@@ -532,6 +563,8 @@ const char *tps_src_kind_name(tps_src_kind k);
 /* Where split writes without an output directory: <name>-tp<N> beside the
  * input (name: the model directory's name, or the file's stem). *out OWNED. */
 tps_err tps_split_default_dir(tps_ctx *ctx, const tps_ckpt *ck, int tp, char **out);
+/* The same with pipeline stages: <name>-tp<N>-pp<P> (pp 1: as above). */
+tps_err tps_split_default_dir_pp(tps_ctx *ctx, const tps_ckpt *ck, int tp, int pp, char **out);
 /* A --layout value: NULL or "dtensor" (*out NULL), a built-in name ("vllm"),
  * or a layout file (a path with a '/' or ending in .yaml/.yml). */
 tps_err tps_layout_spec_open(tps_ctx *ctx, const char *layout, tps_layout_spec **out);

@@ -343,12 +343,37 @@ static void json_layers(jw *w, const tps_layout *L)
     jw_end(w);
 }
 
+/* The pipeline stages: each one's layers and ranks (one stage at pp 1). */
+static void json_stages(jw *w, const tps_layout *L)
+{
+    jw_key(w, "stages");
+    jw_arr(w);
+    for (int s = 0; s < L->pp; s++) {
+        int first, n;
+        tps_layout_stage(L, s, &first, &n);
+        jw_obj(w);
+        jw_kint(w, "stage", s);
+        jw_key(w, "layers");
+        jw_arr(w);
+        jw_int(w, first);
+        jw_int(w, first + n);
+        jw_end(w);
+        jw_key(w, "ranks");
+        jw_arr(w);
+        jw_int(w, s * L->tp);
+        jw_int(w, (s + 1) * L->tp);
+        jw_end(w);
+        jw_end(w);
+    }
+    jw_end(w);
+}
+
 /* A serving layout: every rank file's tensors and their pieces. */
 static void json_rank_tensors(jw *w, const tps_layout *L)
 {
     jw_key(w, "rank_tensors");
     jw_arr(w);
-    for (int r = 0; r < L->tp; r++)
+    for (int r = 0; r < L->nranks; r++)
         for (size_t k = 0; k < tps_layout_rank_tensor_count(L, r); k++) {
             tps_rank_tensor_view rv;
             tps_layout_rank_tensor(L, r, k, &rv);
@@ -389,10 +414,10 @@ static void json_rank_tensors(jw *w, const tps_layout *L)
 tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
 {
     const tps_ckpt *ck = L->ck;
-    int tp = L->tp;
+    int tp = L->tp, nr = L->nranks;
     size_t n = tps_layout_count(L);
     uint64_t total = tps_ckpt_total_bytes(ck), sum = 0;
-    for (int r = 0; r < tp; r++) sum += tps_layout_rank_bytes(L, r);
+    for (int r = 0; r < nr; r++) sum += tps_layout_rank_bytes(L, r);
     double overhead = total && sum >= total ? (double)(sum - total) / (double)total : 0;
     const char *rej = tps_layout_rejected(L);
     const char *target = tps_layout_target(L);
@@ -404,7 +429,9 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     jw_kstr(&w, "layout", tps_layout_name(L));
     jw_kstr(&w, "target", target);
     jw_kint(&w, "tp", tp);
+    jw_kint(&w, "pp", L->pp);
     jw_kbool(&w, "ep", tps_layout_ep(L));
+    json_stages(&w, L);
     {
         /* A ctx of its own: the caller's detail message and log stay as they were. */
         tps_ctx *qc = tps_ctx_new();
@@ -450,11 +477,24 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
         jw_kstr(&w, "placement", v.dim >= 0 ? b1 : "Replicate");
         jw_kstr(&w, "rule", v.rule);
         json_shape(&w, "shape", v.shape, v.ndim);
+        /* the stages holding it; its local shapes on the first one's tp ranks */
+        int base = -1;
+        jw_key(&w, "stages");
+        jw_arr(&w);
+        for (int s = 0; s < L->pp; s++) {
+            int held = rej != NULL && s == 0;
+            for (int r = 0; r < tp && !held; r++) held = tps_layout_local_bytes(L, i, s * tp + r) > 0;
+            if (!held) continue;
+            if (base < 0) base = s * tp;
+            jw_int(&w, s);
+        }
+        jw_end(&w);
+        if (base < 0) base = 0;
         jw_key(&w, "local_shapes");
         jw_arr(&w);
         for (int r = 0; r < tp; r++) {
             uint64_t s, l;
-            tps_layout_local(L, i, r, &s, &l);
+            tps_layout_local(L, i, base + r, &s, &l);
             jw_arr(&w);
             for (int d = 0; d < v.ndim; d++) jw_uint(&w, d == v.dim ? l : v.shape[d]);
             jw_end(&w);
@@ -481,7 +521,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     jw_end(&w);
     jw_key(&w, "rank_bytes");
     jw_arr(&w);
-    for (int r = 0; r < tp; r++) jw_uint(&w, tps_layout_rank_bytes(L, r));
+    for (int r = 0; r < nr; r++) jw_uint(&w, tps_layout_rank_bytes(L, r));
     jw_end(&w);
     if (target) json_rank_tensors(&w, L);
     /* what a split shares where the output's file system shares blocks */
@@ -550,7 +590,9 @@ tps_err tps_split_json(tps_ctx *ctx, const tps_layout *L, const tps_split_opts *
     jw_kstr(&w, "layout", tps_layout_name(L));
     jw_kstr(&w, "target", tps_layout_target(L));
     jw_kint(&w, "tp", L->tp);
+    jw_kint(&w, "pp", L->pp);
     jw_kbool(&w, "ep", tps_layout_ep(L));
+    json_stages(&w, L);
     jw_kint(&w, "ranks_written", res->ranks_written);
     jw_kint(&w, "files_written", res->files_written);
     jw_kuint(&w, "bytes_written", res->bytes_written);
@@ -559,7 +601,7 @@ tps_err tps_split_json(tps_ctx *ctx, const tps_layout *L, const tps_split_opts *
     jw_kstr(&w, "copy", res->copy ? res->copy : "write");
     jw_key(&w, "rank_bytes");
     jw_arr(&w);
-    for (int r = 0; r < L->tp; r++)
+    for (int r = 0; r < L->nranks; r++)
         jw_uint(&w, o->ranks && !o->ranks[r] ? 0 : tps_layout_rank_bytes(L, r));
     jw_end(&w);
     return jw_finish(ctx, &w, out);
@@ -571,6 +613,7 @@ tps_err tps_check_json(tps_ctx *ctx, const char *dir, const tps_check_result *r,
     jw_begin(&w, 1);
     jw_kstr(&w, "dir", dir);
     jw_kint(&w, "tp", r->tp);
+    jw_kint(&w, "pp", r->pp);
     jw_kint(&w, "ranks_present", r->ranks_present);
     jw_kstr(&w, "missing_ranks", r->missing_ranks);
     jw_kbool(&w, "complete", r->complete);
@@ -669,15 +712,22 @@ tps_err tps_verify_json(tps_ctx *ctx, const tps_verify_opts *o, const tps_verify
 
 tps_err tps_split_default_dir(tps_ctx *ctx, const tps_ckpt *ck, int tp, char **out)
 {
+    return tps_split_default_dir_pp(ctx, ck, tp, 1, out);
+}
+
+tps_err tps_split_default_dir_pp(tps_ctx *ctx, const tps_ckpt *ck, int tp, int pp, char **out)
+{
     *out = NULL;
+    char sfx[24] = "";
+    if (pp > 1) snprintf(sfx, sizeof sfx, "-pp%d", pp);
     char *tmp = tps_strdup(tps_ckpt_path(ck));
     if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     size_t l = strlen(tmp);
     while (l > 1 && tmp[l - 1] == '/') tmp[--l] = 0;
     const char *parent = tps_ckpt_kind(ck) == TPS_SRC_FILE ? tps_ckpt_dir(ck) : dirname(tmp);
     /* Not into the Hugging Face cache: where the user is. */
-    if (ck->hub) *out = tps_asprintf("%s-tp%d", tps_ckpt_stem(ck), tp);
-    else *out = tps_asprintf("%s/%s-tp%d", parent, tps_ckpt_stem(ck), tp);
+    if (ck->hub) *out = tps_asprintf("%s-tp%d%s", tps_ckpt_stem(ck), tp, sfx);
+    else *out = tps_asprintf("%s/%s-tp%d%s", parent, tps_ckpt_stem(ck), tp, sfx);
     free(tmp);
     return *out ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
 }

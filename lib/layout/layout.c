@@ -236,9 +236,12 @@ void tps_layout_free(tps_layout *L)
     free(L->rank_rt);
     free(L->pieces);
     free(L->regions);
+    free(L->xforms);
     free(L->src_pieces);
     free(L->src_piece0);
     free(L->dropped);
+    free(L->stage_first);
+    free(L->stage_layers);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
     for (size_t i = 0; i < L->nshape_chunks; i++) free(L->shape_chunks[i]);
@@ -346,6 +349,8 @@ static tps_layout *layout_alloc(const tps_ckpt *ck, const tps_plan *plan, const 
     L->spec = spec;
     L->tp = tp;
     L->ep = ep;
+    L->pp = 1;
+    L->nranks = tp;
     L->n = ck->n;
     L->p = tps_xcalloc(ck->n ? ck->n : 1, sizeof *L->p);
     if (!L->p) {
@@ -358,13 +363,24 @@ static tps_layout *layout_alloc(const tps_ckpt *ck, const tps_plan *plan, const 
 tps_err tps_layout_new_ep(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                           const tps_layout_spec *spec, int tp, int ep, tps_layout **out)
 {
+    return tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, 1, NULL, out);
+}
+
+tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                          const tps_layout_spec *spec, int tp, int ep, int pp, const int *layers,
+                          tps_layout **out)
+{
     *out = NULL;
     if (tp < 1 || tp > 4096) return tps_fail(ctx, TPS_E_ARG, "tp must be between 1 and 4096, not %d", tp);
+    if (pp < 1 || pp > 4096 || tp * pp > 65536)
+        return tps_fail(ctx, TPS_E_ARG, "pp must be between 1 and 4096 (tp x pp at most 65536), "
+                                        "not %d", pp);
     tps_err rc = TPS_OK;
     tps_layers ly = {0};
     head_state hs = {.last_layer = -1};
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     /* Named after the file: a malformed per_layer_config is the config's fault. */
     char *cfg_label = tps_asprintf("%s/config.json", ck->dir ? ck->dir : ".");
     TPS_FAIL_IF(!cfg_label, ctx, TPS_E_NOMEM, "out of memory");
@@ -424,13 +440,14 @@ out:
 }
 
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
-                               const tps_lspec *spec, int tp, int ep, const tps_style *styles,
-                               tps_layout **out)
+                               const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
+                               const tps_style *styles, tps_layout **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     for (size_t i = 0; i < ck->n; i++) {
         L->p[i].t = i;
         L->p[i].style = styles[i];
@@ -485,6 +502,21 @@ void tps_region_geom(const tps_ckpt *ck, const tps_region *g, uint64_t *outer, u
 /* ------------------------------------------------------------------ views */
 
 int tps_layout_tp(const tps_layout *L) { return L->tp; }
+int tps_layout_pp(const tps_layout *L) { return L->pp; }
+int tps_layout_ranks(const tps_layout *L) { return L->nranks; }
+
+void tps_layout_stage(const tps_layout *L, int s, int *first, int *n)
+{
+    if (L->pp > 1 && s >= 0 && s < L->pp) {
+        *first = L->stage_first[s];
+        *n = L->stage_layers[s];
+        return;
+    }
+    *first = 0;
+    *n = s == 0 ? (int)L->nlayers : 0;
+}
+
+int tps_layout_spec_has_pipeline(const tps_layout_spec *s) { return s && s->has_pipeline; }
 size_t tps_layout_count(const tps_layout *L) { return L->n; }
 
 void tps_layout_placement(const tps_layout *L, size_t i, tps_placement_view *v)
@@ -592,7 +624,7 @@ const char *tps_layout_target(const tps_layout *L) { return L->spec ? L->spec->t
 
 size_t tps_layout_rank_tensor_count(const tps_layout *L, int rank)
 {
-    if (!L->rank_rt || rank < 0 || rank >= L->tp) return 0;
+    if (!L->rank_rt || rank < 0 || rank >= L->nranks) return 0;
     return L->rank_rt[rank + 1] - L->rank_rt[rank];
 }
 

@@ -2,7 +2,7 @@
  * file) made rank tensors of pieces, stage by stage (the driver at the
  * end): the layout's served checks, the tied head, packed rows, --ep, what
  * the engine drops, experts, fused groups, everything else, the engine's
- * acceptance checks, then finish. Also the compile state's helpers every
+ * acceptance checks, the pipeline stages, then finish. Also the compile state's helpers every
  * stage uses (refusals, rank tensors, pieces and regions, splits, config
  * counts, the layout's split rule for a tensor) and place_simple, which
  * places one tensor replicated or split along a dim. A stage of its own goes
@@ -138,6 +138,42 @@ tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_
     return tps_lc_add_piece(
         C, r,
         (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at, .nbytes = nb, .replica = !fresh});
+}
+
+/* Adds source piece [lo, hi) along dim of src to r at byte at, refined by
+ * x (stored F32: nbytes, the refined grid's bytes). */
+tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                           uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
+{
+    tps_layout *L = C->L;
+    /* Refined pieces of one scale overlap (ranks share a block row): each
+     * that reaches past the rows placed so far is a primary (readers take a
+     * shared row from the first, check makes sure the others agree), the
+     * others are replicas. */
+    uint64_t covered = 0;
+    for (size_t k = C->last[src]; k != SIZE_MAX; k = C->next[k]) {
+        const tps_region *rg = &L->regions[k];
+        if (rg->dim == dim && !L->pieces[rg->primary].replica && rg->hi > covered)
+            covered = rg->hi;
+    }
+    if (lo > covered)
+        return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': refined pieces leave rows [%llu, %llu) "
+                        "to no rank", C->ck->t[src].name, (unsigned long long)covered,
+                        (unsigned long long)lo);
+    size_t g = 0;
+    int fresh = 0;
+    TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
+    if (fresh) L->regions[g].primary = L->npieces;
+    C->used[src] = 1;
+    int replica = !fresh || hi <= covered;
+    tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
+    if (!n) return nomem(C);
+    L->xforms = n;
+    L->xforms[L->nxforms++] = *x;
+    return tps_lc_add_piece(C, r,
+                            (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
+                                         .nbytes = nbytes, .replica = replica,
+                                         .xf = (uint32_t)L->nxforms});
 }
 
 char *tps_lc_own_name(cstate *C, char *s)
@@ -607,6 +643,8 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     }
     TPS_CHECK(place_rest(&C, emb));
     if (s && !C.why[0]) TPS_CHECK(acceptance_checks(&C));
+    /* the stages' workers: each tp rank's tensors on the stages that build them */
+    if (!C.why[0]) TPS_CHECK(tps_lc_pipeline(&C));
 out:
     if (!rc && C.why[0]) {
         int shown = 0;

@@ -60,11 +60,27 @@ static int expert_tensors_ok(cstate *C, const tps_lexperts *x, const char *modul
                    (unsigned long long)e, x->count, (unsigned long long)E);
             return 0;
         }
-        if (L->q && L->q->role[i] != TPS_QR_PLAIN) {
-            refuse(C, "tensor '%s' is a quantized expert: layout %s does not stack quantized "
-                      "experts yet",
-                   nm, lname);
+        int role = L->q ? L->q->role[i] : TPS_QR_PLAIN;
+        if (role != TPS_QR_PLAIN && role != TPS_QR_WEIGHT && role != TPS_QR_SCALE &&
+            role != TPS_QR_INPUT_SCALE) {
+            refuse(C, "tensor '%s' is a %s expert part: layout %s does not stack such experts",
+                   nm, L->q->method_name, lname);
             return 0;
+        }
+        /* a scale beside its weight: placed with the weight's stack */
+        if (role == TPS_QR_SCALE || role == TPS_QR_INPUT_SCALE) {
+            size_t wl;
+            uint64_t we;
+            const char *wleaf;
+            size_t wll;
+            const char *wn = ck->t[L->q->partner[i]].name;
+            if (!expert_name(x, wn, &wl, &we, &wleaf, &wll) || wl != ml || we != e) {
+                refuse(C, "tensor '%s' lies under '%s', but the weight it scales, '%s', is not "
+                          "that expert's",
+                       nm, module, wn);
+                return 0;
+            }
+            continue;
         }
         if (strcmp(tps_lc_param_of(nm), "weight")) {
             refuse(C, "tensor '%s': layout %s stacks expert weights; the engine has no place "
@@ -216,10 +232,60 @@ static tps_err stack_experts(cstate *C, const tps_lexperts *x, const char *modul
                     uint64_t at = (k * st->nparts + j) * Ir * H * es;
                     TPS_TRY(tps_lc_src_piece(C, rt, w, L->ep ? -1 : st->dim, lo, hi, at));
                 }
+            TPS_TRY(tps_lc_place_stack_scales(C, module, x->into, st, idx, nidx, k0, Er, I, r));
+            if (C->why[0]) return TPS_OK;
             k0 += st->nparts;
         }
     }
     return TPS_OK;
+}
+
+/* Does the engine stack module's sibling x->shared as expert E (SGLang's
+ * DeepSeek-V3 shared-experts fusion)? */
+static int shared_fused(cstate *C, const tps_lexperts *x, uint64_t E)
+{
+    const cJSON *cfg = C->ck->config;
+    if (!x->shared || C->L->ep) return 0;
+    const cJSON *arch = cJSON_GetArrayItem(tps_config_get(cfg, "architectures"), 0);
+    int listed = 0;
+    for (size_t k = 0; k < x->nshared_arch && !listed; k++)
+        listed = cJSON_IsString(arch) && !strcmp(arch->valuestring, x->shared_arch[k]);
+    int counted = 0;
+    for (size_t k = 0; k < x->nshared_counts && !counted; k++) counted = x->shared_counts[k] == E;
+    int present;
+    return listed && counted && tps_lc_config_count(cfg, x->shared_field, &present) == 1;
+}
+
+/* Expert E's parts from the shared module (<parent>.<shared>.<part>.weight),
+ * of the routed experts' shape: idx[E * nidx + k]. */
+static int shared_parts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
+                        size_t nidx, size_t *idx, uint64_t I, uint64_t H)
+{
+    const tps_ckpt *ck = C->ck;
+    const char *dot = strrchr(module, '.');
+    int pl = dot ? (int)(dot - module) : 0;
+    size_t k = 0;
+    for (size_t s = 0; s < x->nstacks; s++)
+        for (size_t j = 0; j < x->stacks[s].nparts; j++, k++) {
+            char *want = tps_asprintf("%.*s%s%s.%s.weight", pl, module, pl ? "." : "", x->shared,
+                                      x->stacks[s].parts[j]);
+            if (!want) return -1;
+            int w = tps_ckpt_find(ck, want);
+            int d = x->stacks[s].dim;
+            if (w < 0 || ck->t[w].ndim != 2 || ck->t[w].shape[d] != I ||
+                ck->t[w].shape[1 - d] != H) {
+                refuse(C, "layout %s stacks the shared expert as expert %llu of '%s' (%s = 1, "
+                          "as the engine fuses it), but '%s' %s",
+                       C->L->spec->name, (unsigned long long)E, module, x->shared_field, want,
+                       w < 0 ? "is not in the checkpoint"
+                             : "does not have the routed experts' shape");
+                free(want);
+                return 0;
+            }
+            free(want);
+            idx[E * nidx + k] = (size_t)w;
+        }
+    return 1;
 }
 
 /* One experts module (tensors [a, b) of the checkpoint, all named
@@ -247,13 +313,19 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
     /* Each expert's parts, with one shape: rows stacks [I, H], columns [H, I]. */
     size_t nidx = 0;
     for (size_t s = 0; s < x->nstacks; s++) nidx += x->stacks[s].nparts;
-    size_t *idx = tps_xcalloc((size_t)E * nidx, sizeof *idx);
+    int fused = shared_fused(C, x, E);
+    size_t *idx = tps_xcalloc((size_t)(E + 1) * nidx, sizeof *idx);
     if (!idx) return nomem(C);
     uint64_t I = 0, H = 0;
     const tps_ctensor *t0 = NULL;
     tps_err rc = expert_parts(C, x, module, E, nidx, idx, &I, &H, &t0);
-    if (!rc && !C->why[0] && expert_sizes_ok(C, x, module, E, I))
-        rc = stack_experts(C, x, module, idx, nidx, E, I, H, t0);
+    if (!rc && !C->why[0] && fused) {
+        int ok = shared_parts(C, x, module, E, nidx, idx, I, H);
+        if (ok < 0) rc = nomem(C);
+    }
+    if (!rc && !C->why[0] && expert_sizes_ok(C, x, module, E, I) &&
+        tps_lc_expert_scales_ok(C, module, idx[0], E, I, H))
+        rc = stack_experts(C, x, module, idx, nidx, E + (uint64_t)fused, I, H, t0);
     free(idx);
     return rc;
 }

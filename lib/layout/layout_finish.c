@@ -105,11 +105,11 @@ tps_err tps_lc_finish(cstate *C)
     /* Rank tensors sorted by rank, then name; pieces stay where they are
      * (each tensor keeps its piece0/npieces). */
     qsort(L->rt, L->nrt, sizeof *L->rt, rt_cmp);
-    L->rank_rt = tps_xcalloc((size_t)C->tp + 1, sizeof *L->rank_rt);
+    L->rank_rt = tps_xcalloc((size_t)L->nranks + 1, sizeof *L->rank_rt);
     if (!L->rank_rt) return nomem(C);
     for (size_t k = 0; k < L->nrt; k++) L->rank_rt[L->rt[k].rank + 1]++;
-    for (int r = 0; r < C->tp; r++) L->rank_rt[r + 1] += L->rank_rt[r];
-    for (int r = 0; r < C->tp; r++)
+    for (int r = 0; r < L->nranks; r++) L->rank_rt[r + 1] += L->rank_rt[r];
+    for (int r = 0; r < L->nranks; r++)
         for (size_t k = L->rank_rt[r] + 1; k < L->rank_rt[r + 1]; k++)
             if (!strcmp(L->rt[k].name, L->rt[k - 1].name))
                 return tps_fail(C->ctx, TPS_E_SHAPE,

@@ -18,6 +18,8 @@
  *                     fused with it, widened to F32
  *   layout_vocab.c    the padded vocabulary, the tied head, the engine's extra
  *                     entries, the engine's key set (keys, drop)
+ *   layout_pp.c       pipeline stages: the partition, the tp ranks' tensors put
+ *                     on the workers of the stages that build them
  *   layout_finish.c   finishing: regions and rank tensors sorted, every source
  *                     tensor's pieces indexed; the checks list (add_check)
  * A quantization method: its table entry is in lib/quant/; how its scales
@@ -76,6 +78,9 @@ tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p);
 /* Adds source piece [lo, hi) along dim of src to r at byte at. */
 tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                          uint64_t hi, uint64_t at);
+/* The same, refined by x (a scale on vLLM's refined grid): nbytes stored. */
+tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                           uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes);
 /* Keeps made-up name s with the layout (NULL, s freed, on failure). */
 char *tps_lc_own_name(cstate *C, char *s);
 /* Rank r's rows of a fused part of n rows: on whole heads, or evenly. */
@@ -117,6 +122,16 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f, const size_t *i
                                   const uint64_t *heads, const uint64_t *nrows_of,
                                   const char *scale_name, const char *input_name);
 
+/* Experts' FP8 blocks whole on every rank (or a refusal with the tp values
+ * that work): 0 when they are not; w0 is expert 0's first weight. */
+int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E, uint64_t I,
+                            uint64_t H);
+/* The scales (and input scales) of stack st on rank r, beside its weights:
+ * idx[e * nidx + k0 + j] is expert e's part j; Er experts on the rank. */
+tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *into,
+                                  const tps_lstack *st, const size_t *idx, size_t nidx,
+                                  size_t k0, uint64_t Er, uint64_t I, int r);
+
 /* layout_vocab.c */
 /* Rows per rank of a padded vocabulary of n rows: 0 and a refusal when an
  * even split does not divide. */
@@ -128,6 +143,12 @@ tps_err tps_lc_place_extras(cstate *C, const tps_lfuse *f, const char *parent);
 tps_err tps_lc_drop(cstate *C); /* what the engine's load_weights skips */
 /* 1 and a refusal when the engine's key set lacks source tensor i. */
 int tps_lc_unkeyed(cstate *C, size_t i, int emb);
+
+/* layout_pp.c */
+/* L's stages: pp and the partition (layers, or the engine's), checked. */
+tps_err tps_lc_pp_setup(tps_ctx *ctx, tps_layout *L, int pp, const int *layers);
+/* The tp ranks' tensors on the workers of the stages that build them. */
+tps_err tps_lc_pipeline(cstate *C);
 
 /* layout_finish.c */
 tps_err tps_lc_add_check(cstate *C, const char *name, int ok, const char *detail);

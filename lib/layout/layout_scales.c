@@ -201,8 +201,13 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f,
         int sd = 0;
         for (size_t j = 0; j < f->nparts; j++) {
             /* An engine concatenates the parts' scale blocks: each part's
-             * rows on a rank must be whole blocks, even at tp 1. */
-            if (kind == TPS_QS_BLOCK && len[j] % q->bn) {
+             * rows on a rank must be whole blocks, even at tp 1, but for a
+             * partial last block of the last part (DeepSeek-V3's
+             * kv_a_proj_with_mqa, 576 rows, in fused_qkv_a_proj), whose
+             * scale row is then the fused grid's last. */
+            int last_partial = kind == TPS_QS_BLOCK && j + 1 == f->nparts &&
+                               lo[j] % q->bn == 0 && lo[j] + len[j] == nrows_of[j];
+            if (kind == TPS_QS_BLOCK && len[j] % q->bn && !last_partial) {
                 const tps_ctensor *wt = &ck->t[idx[j]];
                 char works[300];
                 fused_block_tps(works, sizeof works, f, nrows_of, heads, q->bn);
@@ -237,3 +242,258 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f,
     if (input_name) TPS_TRY(fuse_scalars(C, f, idx, q->input, r, input_name, "input scales", "input scale"));
     return TPS_OK;
 }
+
+/* ------------------------------------------------------------------ expert stacks */
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* Does the engine's FP8 MoE take an expert width of I at MoE tp t (1 under
+ * --ep) with blocks bn x bk, as is (vLLM 0.33 validate_fp8_block_shape_moe:
+ * whole row blocks, and whole column blocks of down_proj when split)? */
+static int expert_blocks_whole(uint64_t I, uint64_t t, uint64_t bn, uint64_t bk)
+{
+    if (I % t) return 0;
+    uint64_t ip = I / t;
+    return ip % bn == 0 && (t == 1 || ip % bk == 0);
+}
+
+struct eblk {
+    uint64_t E, I, bn, bk;
+    int ep;
+};
+static int eblk_ok(uint64_t packed, uint64_t unused, int tp)
+{
+    (void)unused;
+    const struct eblk *b = (const struct eblk *)(uintptr_t)packed;
+    if (b->ep) return b->E % (uint64_t)tp == 0 && expert_blocks_whole(b->I, 1, b->bn, b->bk);
+    return (uint64_t)tp <= b->E && expert_blocks_whole(b->I, (uint64_t)tp, b->bn, b->bk);
+}
+
+/* The refined grid's g when the engine holds these experts' block scales
+ * on one (vLLM 0.33 Fp8MoEMethod, moe_backend auto: g = gcd(bn, bk, I_p,
+ * H) >= 32, quant_method fp8, the layout's refine_expert_blocks), else 0. */
+static uint64_t refine_grid(const cstate *C, uint64_t I, uint64_t H)
+{
+    const tps_quant *q = C->L->q;
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp;
+    if (!C->L->spec || !C->L->spec->refine_moe_blocks || strcmp(q->m->name, "fp8") || I % t ||
+        expert_blocks_whole(I, t, q->bn, q->bk))
+        return 0;
+    uint64_t g = gcd64(gcd64(q->bn, q->bk), gcd64(I / t, H));
+    return g >= 32 ? g : 0;
+}
+
+int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E, uint64_t I,
+                            uint64_t H)
+{
+    const tps_quant *q = C->L->q;
+    if (!q || q->role[w0] != TPS_QR_WEIGHT) return 1;
+    size_t s = (size_t)q->partner[w0];
+    const char *lname = C->L->spec->name;
+    if (q->kind[s] == TPS_QS_CHANNEL && C->ck->t[s].ndim != 2) {
+        refuse(C, "scale '%s' is per channel with %d dims: the engine's fused MoE holds expert "
+                  "channel scales as [rows, 1] (layout %s)",
+               C->ck->t[s].name, C->ck->t[s].ndim, lname);
+        return 0;
+    }
+    if (q->kind[s] != TPS_QS_BLOCK) return 1;
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp;
+    if (expert_blocks_whole(I, t, q->bn, q->bk)) return 1;
+    struct eblk b = {E, I, q->bn, q->bk, C->L->ep};
+    char works[300];
+    tps_lc_works_list(works, sizeof works, (uint64_t)(uintptr_t)&b, 0, eblk_ok);
+    uint64_t ip = I % t ? 0 : I / t;
+    uint64_t g = refine_grid(C, I, H);
+    if (g) {
+        /* layers/fused_moe/oracle/fp8.py refine_fp8_moe_block_shape: the
+         * loader upsamples the checkpoint's scales (repeat_interleave) and
+         * cuts them at (rows // tp) * rank, which lands on the rank's own
+         * rows only when the experts are whole blocks. */
+        if (I % q->bn || H % q->bn || I % q->bk || H % q->bk) {
+            refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu and %llu x %llu "
+                      "(intermediate x hidden), not whole blocks: vLLM 0.33's refined %llu x "
+                      "%llu grid at %s %d would cut their upsampled scales at other rows than "
+                      "their weights' (tp values that work: %s)",
+                   module, (unsigned long long)q->bn, (unsigned long long)q->bk,
+                   (unsigned long long)I, (unsigned long long)H, (unsigned long long)g,
+                   (unsigned long long)g, C->L->ep ? "EP size" : "tp", C->tp, works);
+            return 0;
+        }
+        return 1;
+    }
+    g = gcd64(gcd64(q->bn, q->bk), gcd64(ip, H));
+    refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu: at %s %d each rank "
+              "would hold %llu%s of their %llu rows, not whole blocks, which %s's fused MoE "
+              "refuses (tp values that work: %s)",
+           module, (unsigned long long)q->bn, (unsigned long long)q->bk,
+           C->L->ep ? "EP size" : "tp", C->tp, (unsigned long long)(I / t),
+           I % t ? " and a part" : "", (unsigned long long)I, lname, works);
+    return 0;
+}
+
+static char *stack_scale_name(cstate *C, const char *module, const char *into, const char *stack,
+                              const char *param);
+
+/* A stack's block scales on vLLM's refined g x g grid, rank r: per expert
+ * and part, the rank's P = I_p / g rows (rows stacks: w13) or columns (w2)
+ * of the scale upsampled bn / g times along rows and bk / g along columns
+ * (RoutedExperts.weight_loader repeat_interleave, then _load_w13 / _load_w2
+ * narrow at (rows // tp) * rank): [E, parts x P, H / g] and [E, H / g, P]. */
+static tps_err place_refined(cstate *C, const char *module, const char *into,
+                             const tps_lstack *st, const size_t *idx, size_t nidx, size_t k0,
+                             uint64_t Er, uint64_t I, int r)
+{
+    const tps_quant *q = C->L->q;
+    const tps_ckpt *ck = C->ck;
+    size_t w0 = idx[k0];
+    const tps_ctensor *s0 = &ck->t[q->partner[w0]];
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp, rank = C->L->ep ? 0 : (uint64_t)r;
+    const tps_ctensor *wt = &ck->t[w0];
+    uint64_t H = wt->shape[st->dim ? 0 : 1];
+    uint64_t g = refine_grid(C, I, H);
+    tps_xform x = {.rep_n = (uint32_t)(q->bn / g), .rep_k = (uint32_t)(q->bk / g)};
+    uint64_t P = I / t / g, Hg = H / g;
+    uint32_t f = st->dim ? x.rep_k : x.rep_n; /* along the cut dim */
+    uint64_t a = rank * P / f, b = ((rank + 1) * P + f - 1) / f;
+    x.skip = rank * P - a * f;
+    x.out = P;
+    size_t nparts = st->nparts;
+    uint64_t per = P * Hg * 4; /* one part of one expert, F32 */
+    uint64_t shape[TPS_MAX_DIMS] = {Er, st->dim ? Hg : nparts * P, st->dim ? P : Hg};
+    char *name = stack_scale_name(C, module, into, st->name, tps_lc_param_of(s0->name));
+    if (!name) return nomem(C);
+    tps_rtensor *rt;
+    TPS_TRY(tps_lc_new_rt(C, name, r, TPS_F32, 3, shape, "expert scales (refined grid)", &rt));
+    uint64_t e0 = C->L->ep ? (uint64_t)r * Er : 0;
+    for (uint64_t k = 0; k < Er; k++)
+        for (size_t j = 0; j < nparts; j++)
+            TPS_TRY(tps_lc_src_piece_x(C, rt, (size_t)q->partner[idx[(e0 + k) * nidx + k0 + j]],
+                                       st->dim, a, b, (k * nparts + j) * per, &x, per));
+    return TPS_OK;
+}
+
+/* The engine's name of a stack's scale: the stack's name (w13_weight) with
+ * its trailing "weight" replaced by the source tensor's parameter name
+ * (weight_scale_inv, input_scale). */
+static char *stack_scale_name(cstate *C, const char *module, const char *into, const char *stack,
+                              const char *param)
+{
+    size_t sl = strlen(stack);
+    if (sl >= 6 && !strcmp(stack + sl - 6, "weight")) sl -= 6;
+    return tps_lc_own_name(C, into ? tps_asprintf("%s.%s.%.*s%s", module, into, (int)sl, stack,
+                                                  param)
+                                   : tps_asprintf("%s.%.*s%s", module, (int)sl, stack, param));
+}
+
+tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *into,
+                                  const tps_lstack *st, const size_t *idx, size_t nidx,
+                                  size_t k0, uint64_t Er, uint64_t I, int r)
+{
+    const tps_quant *q = C->L->q;
+    const tps_ckpt *ck = C->ck;
+#define W(e, j) idx[(e) * nidx + k0 + (j)]
+    if (!q || q->role[W(0, 0)] != TPS_QR_WEIGHT) return TPS_OK;
+    uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp, Ir = I / t;
+    size_t P = st->nparts;
+    size_t w0 = W(0, 0);
+    const tps_ctensor *s0 = &ck->t[q->partner[w0]];
+    tps_qscale kind = q->kind[q->partner[w0]];
+    uint64_t E = C->L->ep ? Er * (uint64_t)C->tp : Er;
+    tps_dtype dt;
+    if (!scale_dtype(C, s0, &dt)) return TPS_OK;
+    uint64_t es = tps_dtype_bits(dt) / 8;
+    for (uint64_t k = 0; k < E; k++)
+        for (size_t j = 0; j < P; j++) {
+            size_t wj = W(k, j);
+            if (q->role[wj] != TPS_QR_WEIGHT || q->kind[q->partner[wj]] != kind ||
+                ck->t[q->partner[wj]].dtype != s0->dtype ||
+                (j + 1 == P && (q->input[wj] >= 0) != (q->input[W(0, P - 1)] >= 0))) {
+                refuse(C, "expert tensor '%s' is not quantized like '%s' (its scale's kind or "
+                          "dtype, or its input scale, differ): the engine stacks the experts' "
+                          "scales into one parameter",
+                       ck->t[wj].name, ck->t[w0].name);
+                return TPS_OK;
+            }
+        }
+    /* the rank's rows (rows stacks) or columns (columns stack) of one
+     * expert's scale: block rows, channel rows, or the whole scale */
+    uint64_t shape[TPS_MAX_DIMS] = {Er};
+    int ndim = 1, sd = -1;
+    uint64_t lo = 0, hi = 0, per = 1; /* elements of one part of one expert */
+    if (kind == TPS_QS_TENSOR) {
+        ndim = st->dim ? 1 : 2;
+        shape[1] = P;
+    } else if (kind == TPS_QS_CHANNEL) {
+        ndim = 3;
+        if (st->dim == 0) {
+            shape[1] = P * Ir;
+            shape[2] = 1;
+            sd = C->L->ep ? -1 : 0;
+            lo = (uint64_t)r * Ir;
+            hi = lo + Ir;
+            per = Ir;
+        } else { /* RoutedExperts _load_per_channel_weight_scale: w2's whole */
+            shape[1] = s0->shape[0];
+            shape[2] = 1;
+            per = s0->shape[0];
+        }
+    } else if (refine_grid(C, I, ck->t[w0].shape[st->dim ? 0 : 1])) {
+        return place_refined(C, module, into, st, idx, nidx, k0, Er, I, r);
+    } else { /* block */
+        ndim = 3;
+        uint64_t b = st->dim ? q->bk : q->bn;
+        uint64_t n = st->dim ? (Ir + q->bk - 1) / q->bk : Ir / q->bn;
+        if (C->L->ep || t == 1) {
+            n = s0->shape[st->dim];
+        } else {
+            sd = st->dim;
+            lo = (uint64_t)r * Ir / b;
+            hi = lo + n;
+        }
+        shape[1] = st->dim ? s0->shape[0] : P * n;
+        shape[2] = st->dim ? n : s0->shape[1];
+        per = n * s0->shape[1 - st->dim];
+    }
+    char *name = stack_scale_name(C, module, into, st->name, tps_lc_param_of(s0->name));
+    if (!name) return nomem(C);
+    tps_rtensor *rt;
+    TPS_TRY(tps_lc_new_rt(C, name, r, dt, ndim, shape, "expert scales", &rt));
+    uint64_t e0 = C->L->ep ? (uint64_t)r * Er : 0;
+    for (uint64_t k = 0; k < Er; k++)
+        for (size_t j = 0; j < P; j++)
+            TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->partner[W(e0 + k, j)], sd, lo,
+                                     hi, (k * P + j) * per * es));
+    if (q->input[W(0, P - 1)] < 0) return TPS_OK;
+    /* RoutedExperts.weight_loader: one input scale per expert, w1's and w3's
+     * both written to it, the last loaded (up_proj, w3) kept */
+    const tps_ctensor *i0 = &ck->t[q->input[W(0, P - 1)]];
+    if (!scale_dtype(C, i0, &dt)) return TPS_OK;
+    name = stack_scale_name(C, module, into, st->name, tps_lc_param_of(i0->name));
+    if (!name) return nomem(C);
+    uint64_t ishape[TPS_MAX_DIMS] = {Er};
+    TPS_TRY(tps_lc_new_rt(C, name, r, dt, 1, ishape, "expert input scales", &rt));
+    for (uint64_t k = 0; k < Er; k++)
+        TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->input[W(e0 + k, P - 1)], -1, 0, 0,
+                                 k * (tps_dtype_bits(dt) / 8)));
+    if (r || P < 2) return TPS_OK;
+    tps_layout *L = C->L;
+    if (!L->dropped && !(L->dropped = tps_xcalloc(ck->n, sizeof *L->dropped))) return nomem(C);
+    for (uint64_t k = 0; k < E; k++)
+        for (size_t j = 0; j + 1 < P; j++) {
+            if (q->input[W(k, j)] < 0) continue; /* a split's dir: dropped already */
+            size_t in = (size_t)q->input[W(k, j)];
+            L->dropped[in] = "the engine's fused MoE holds one input scale per expert for the "
+                             "stacked parts, the last one loaded";
+            C->used[in] = 1;
+        }
+    return TPS_OK;
+}
+#undef W

@@ -55,6 +55,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->index_name);
     free(ck->rank_present);
     free(ck->rank_written);
+    free(ck->stage_first);
+    free(ck->stage_layers);
     free(ck->plan_name);
     free(ck->config_text);
     free(ck->config_out);
@@ -352,10 +354,69 @@ tps_err tps_ckpt_read_piece(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int piec
     return tps_ckpt_read_piece_at(ctx, ck, t, p, off, buf, len);
 }
 
+/* A refined piece (tps_xform): its F32 grid read whole, every element's
+ * copies compared and narrowed back to the region's own bytes. */
+static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
+                            const tps_piece *p, uint64_t off, void *buf, size_t len)
+{
+    const tps_cfile *f = &ck->files[p->file];
+    const tps_xform *x = &p->xf;
+    uint64_t rows = p->xrows, cols = p->xcols;
+    uint64_t orows = p->xdim == 0 ? x->out : rows * x->rep_n;
+    uint64_t ocols = p->xdim == 1 ? x->out : cols * x->rep_k;
+    uint64_t sr = p->xdim == 0 ? x->skip : 0, sc = p->xdim == 1 ? x->skip : 0;
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    float *g = tps_xmalloc((size_t)p->fbytes + 1);
+    unsigned char *own = tps_xmalloc((size_t)(rows * cols * es) + 1);
+    unsigned char *seen = tps_xcalloc((size_t)(rows * cols) + 1, 1);
+    uint32_t *first = tps_xmalloc((size_t)(rows * cols) * 4 + 1);
+    tps_err rc = g && own && seen && first ? TPS_OK
+                                           : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    if (!rc) rc = tps_pread_full(ctx, f->fd, f->path, g, (size_t)p->fbytes, p->off);
+    for (uint64_t i = 0; !rc && i < orows; i++)
+        for (uint64_t j = 0; !rc && j < ocols; j++) {
+            uint64_t e = ((i + sr) / x->rep_n) * cols + (j + sc) / x->rep_k;
+            uint32_t u;
+            memcpy(&u, &g[i * ocols + j], 4);
+            size_t bad = 0;
+            if (!seen[e]) {
+                seen[e] = 1;
+                first[e] = u;
+                if (tps_narrow_f32(t->dtype, &u, own + e * es, 1, &bad))
+                    rc = tps_fail(ctx, TPS_E_MISMATCH,
+                                  "%s: tensor '%s': element %llu of rank %d's refined piece is "
+                                  "not a %s value widened to F32 (the file changed after the "
+                                  "split)",
+                                  f->path, p->holder ? p->holder : t->name,
+                                  (unsigned long long)(p->at / 4 + i * ocols + j), p->rank,
+                                  tps_dtype_name(t->dtype));
+            } else if (first[e] != u) {
+                rc = tps_fail(ctx, TPS_E_MISMATCH,
+                              "%s: tensor '%s': element %llu of rank %d's refined piece differs "
+                              "from the other copies of its scale (the file changed after the "
+                              "split)",
+                              f->path, p->holder ? p->holder : t->name,
+                              (unsigned long long)(p->at / 4 + i * ocols + j), p->rank);
+            }
+        }
+    for (uint64_t e = 0; !rc && e < rows * cols; e++)
+        if (!seen[e])
+            rc = tps_fail(ctx, TPS_E_MISMATCH, "%s: tensor '%s': rank %d's refined piece lacks "
+                          "element %llu of its region", f->path, t->name, p->rank,
+                          (unsigned long long)e);
+    if (!rc) memcpy(buf, own + off, len);
+    free(g);
+    free(own);
+    free(seen);
+    free(first);
+    return rc;
+}
+
 tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
                                const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
     const tps_cfile *f = &ck->files[p->file];
+    if (p->xf.rep_n) return read_refined(ctx, ck, t, p, off, buf, len);
     if (p->stored == t->dtype || p->fbytes == p->nbytes || p->stored != TPS_F32)
         return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
     /* Widened to F32: read whole elements, narrow them back exactly. */
@@ -380,6 +441,35 @@ tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
         e += n;
     }
     return TPS_OK;
+}
+
+/* A refined replica (a scale piece on vLLM's refined grid overlapping the
+ * primaries' rows): its rows, read back, equal the tensor's as the
+ * primaries hold them; else an error naming the file, the tensor and the
+ * rank (what: appended to it). */
+tps_err tps_ckpt_refined_same(tps_ctx *ctx, const tps_ckpt *ck, size_t i, const tps_piece *pc,
+                              const char *what)
+{
+    const tps_ctensor *t = &ck->t[i];
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    uint64_t rows = pc->xrows, cols = pc->xcols, n = rows * cols * es;
+    unsigned char *a = tps_xmalloc((size_t)n + 1), *b = tps_xmalloc((size_t)n + 1);
+    tps_err rc = a && b ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    if (!rc) rc = tps_ckpt_read_piece_at(ctx, ck, t, pc, 0, a, (size_t)n);
+    if (!rc && t->dim == 0)
+        rc = tps_ckpt_read(ctx, ck, i, pc->lo * t->shape[1] * es, b, (size_t)n);
+    for (uint64_t r = 0; !rc && t->dim == 1 && r < rows; r++)
+        rc = tps_ckpt_read(ctx, ck, i, (r * t->shape[1] + pc->lo) * es, b + r * cols * es,
+                           (size_t)(cols * es));
+    if (!rc && memcmp(a, b, (size_t)n))
+        rc = tps_fail(ctx, TPS_E_MISMATCH,
+                      "%s: tensor '%s': rows [%llu, %llu) of rank %d's refined scale differ from "
+                      "the ranks that hold them as their own%s",
+                      ck->files[pc->file].path, t->name, (unsigned long long)pc->lo,
+                      (unsigned long long)pc->hi, pc->rank, what);
+    free(a);
+    free(b);
+    return rc;
 }
 
 /* Pieces of a tensor cut along dim are concatenated along it: view the
@@ -454,7 +544,8 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
     uint64_t poff, run;
     if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes) return 0;
+    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].xf.rep_n)
+        return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;
     return 1;

@@ -328,6 +328,50 @@ out:
     return rc;
 }
 
+/* pp (absent: 1, as every manifest before pipeline stages) and, with pp > 1,
+ * the stages' layers: consecutive from layer 0, none empty. */
+static tps_err read_stages(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
+{
+    const cJSON *m = ck->manifest;
+    tps_err rc = TPS_OK;
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(m, "pp");
+    ck->pp = 1;
+    if (pp) {
+        TPS_FAIL_IF(!cJSON_IsNumber(pp) || pp->valuedouble < 1 || pp->valuedouble > 4096 ||
+                        pp->valuedouble != (double)pp->valueint ||
+                        (int64_t)ck->tp * pp->valueint > 65536,
+                    ctx, TPS_E_JSON, "%s: pp is not a stage count from 1 to 4096 (tp x pp at most "
+                                     "65536)", mpath);
+        ck->pp = pp->valueint;
+    }
+    ck->nranks = ck->tp * ck->pp;
+    if (ck->pp == 1) return TPS_OK;
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(m, "stages");
+    TPS_FAIL_IF(!cJSON_IsArray(st) || cJSON_GetArraySize(st) != ck->pp, ctx, TPS_E_JSON,
+                "%s: pp %d needs stages, an array of %d entries", mpath, ck->pp, ck->pp);
+    ck->stage_first = tps_xcalloc((size_t)ck->pp, sizeof *ck->stage_first);
+    ck->stage_layers = tps_xcalloc((size_t)ck->pp, sizeof *ck->stage_layers);
+    TPS_FAIL_IF(!ck->stage_first || !ck->stage_layers, ctx, TPS_E_NOMEM, "out of memory");
+    int s = 0, next = 0;
+    for (const cJSON *e = st->child; e; e = e->next, s++) {
+        const cJSON *sn = cJSON_GetObjectItemCaseSensitive(e, "stage");
+        const cJSON *ly = cJSON_GetObjectItemCaseSensitive(e, "layers");
+        const cJSON *a = cJSON_IsArray(ly) && cJSON_GetArraySize(ly) == 2 ? ly->child : NULL;
+        TPS_FAIL_IF(!cJSON_IsNumber(sn) || sn->valueint != s || !a || !cJSON_IsNumber(a) ||
+                        !cJSON_IsNumber(a->next) || a->valueint != next ||
+                        a->next->valueint <= a->valueint || a->next->valuedouble > 1e7,
+                    ctx, TPS_E_JSON,
+                    "%s: stages[%d] must be {\"stage\": %d, \"layers\": [%d, END]} with END "
+                    "past %d (the stages hold consecutive layers, none empty)",
+                    mpath, s, s, next, next);
+        ck->stage_first[s] = a->valueint;
+        ck->stage_layers[s] = a->next->valueint - a->valueint;
+        next = a->next->valueint;
+    }
+out:
+    return rc;
+}
+
 /* The manifest's head: format and version, the layout, the dropped tensors,
  * tp, the plan and the ranks written. */
 static tps_err read_head(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
@@ -373,8 +417,9 @@ static tps_err read_head(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     TPS_FAIL_IF(!cJSON_IsNumber(tp) || tp->valuedouble < 1 || tp->valuedouble > 4096, ctx,
                 TPS_E_JSON, "%s: tp is missing or out of range", mpath);
     ck->tp = tp->valueint;
-    ck->rank_present = tps_xcalloc((size_t)ck->tp, 1);
-    ck->rank_written = tps_xcalloc((size_t)ck->tp, 1);
+    TPS_CHECK(read_stages(ctx, ck, mpath));
+    ck->rank_present = tps_xcalloc((size_t)ck->nranks, 1);
+    ck->rank_written = tps_xcalloc((size_t)ck->nranks, 1);
     TPS_FAIL_IF(!ck->rank_present || !ck->rank_written, ctx, TPS_E_NOMEM, "out of memory");
     const cJSON *plan = cJSON_GetObjectItemCaseSensitive(m, "plan");
     const cJSON *pname = cJSON_GetObjectItemCaseSensitive(plan, "name");
@@ -384,8 +429,8 @@ static tps_err read_head(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     const cJSON *written = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
     TPS_FAIL_IF(!cJSON_IsArray(written), ctx, TPS_E_JSON, "%s: ranks_written is not an array", mpath);
     for (const cJSON *r = written->child; r; r = r->next) {
-        TPS_FAIL_IF(!cJSON_IsNumber(r) || r->valueint < 0 || r->valueint >= ck->tp, ctx, TPS_E_JSON,
-                    "%s: ranks_written holds a rank outside 0..%d", mpath, ck->tp - 1);
+        TPS_FAIL_IF(!cJSON_IsNumber(r) || r->valueint < 0 || r->valueint >= ck->nranks, ctx, TPS_E_JSON,
+                    "%s: ranks_written holds a rank outside 0..%d", mpath, ck->nranks - 1);
         ck->rank_written[r->valueint] = 1;
     }
 out:
@@ -442,8 +487,9 @@ static tps_err open_rank_files(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(f, "name");
         const cJSON *rk = cJSON_GetObjectItemCaseSensitive(f, "rank");
         TPS_FAIL_IF(!cJSON_IsString(nm) || !tps_ck_plain_name(nm->valuestring) || !cJSON_IsNumber(rk) ||
-                        rk->valueint < 0 || rk->valueint >= ck->tp,
-                    ctx, TPS_E_JSON, "%s: files[] entry needs a plain name and a rank < tp", mpath);
+                        rk->valueint < 0 || rk->valueint >= ck->nranks,
+                    ctx, TPS_E_JSON, "%s: files[] entry needs a plain name and a rank < tp x pp",
+                    mpath);
         char *p = tps_path_join(ck->dir, nm->valuestring);
         int there = p && tps_exists(p);
         free(p);
@@ -491,13 +537,13 @@ out:
 static tps_err index_rank_files(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
 {
     tps_err rc = TPS_OK;
-    S->rank_start = tps_xcalloc((size_t)ck->tp + 1, sizeof *S->rank_start);
+    S->rank_start = tps_xcalloc((size_t)ck->nranks + 1, sizeof *S->rank_start);
     S->rank_files = tps_xcalloc(ck->nfiles, sizeof *S->rank_files);
     TPS_FAIL_IF(!S->rank_start || !S->rank_files, ctx, TPS_E_NOMEM, "out of memory");
     for (size_t fi = 0; fi < ck->nfiles; fi++) S->rank_start[ck->files[fi].rank + 1]++;
-    for (int r = 0; r < ck->tp; r++) S->rank_start[r + 1] += S->rank_start[r];
+    for (int r = 0; r < ck->nranks; r++) S->rank_start[r + 1] += S->rank_start[r];
     {
-        size_t *fill = tps_xcalloc((size_t)ck->tp, sizeof *fill);
+        size_t *fill = tps_xcalloc((size_t)ck->nranks, sizeof *fill);
         TPS_FAIL_IF(!fill, ctx, TPS_E_NOMEM, "out of memory");
         for (size_t fi = 0; fi < ck->nfiles; fi++) {
             int r = ck->files[fi].rank;
@@ -537,10 +583,23 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     const cJSON *sdt = cJSON_GetObjectItemCaseSensitive(r, "dtype");
     tps_dtype stored = t->dtype;
     int replica = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "replica"));
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(r, "refine");
+    tps_xform xf = {0};
+    uint64_t xv[4] = {0};
+    if (rf) {
+        int ok = v2 && cJSON_IsArray(rf) && cJSON_GetArraySize(rf) == 4 && t->ndim == 2 &&
+                 t->dim >= 0;
+        for (int k = 0; ok && k < 4; k++) ok = json_u64(cJSON_GetArrayItem(rf, k), &xv[k]);
+        TPS_FAIL_IF(!ok || !xv[0] || !xv[1] || xv[0] > 1024 || xv[1] > 1024 || !xv[3] ||
+                        xv[3] > (1u << 30) || xv[2] >= (t->dim ? xv[1] : xv[0]),
+                    ctx, TPS_E_JSON, "%s: tensor '%s': malformed refine [rep_n, rep_k, skip, out]",
+                    mpath, t->name);
+        xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3]};
+    }
     uint64_t lshape[TPS_MAX_DIMS], at = 0;
     int lnd = 0;
     uint64_t lo = 0;
-    TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->tp ||
+    TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->nranks ||
                     !cJSON_IsString(fn) ||
                     !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
                     lnd != t->ndim || !json_u64(off, &lo) ||
@@ -591,6 +650,19 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                 holder, tps_dtype_name(si->dtype), tps_dtype_name(stored));
     uint64_t lbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
     uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
+    if (xf.rep_n) {
+        /* a refined grid: out rows (or columns) along the dim, the other repeated */
+        uint64_t nr = lshape[0], nc = lshape[1];
+        uint64_t orows = t->dim == 0 ? xf.out : nr * xf.rep_n;
+        uint64_t ocols = t->dim == 1 ? xf.out : nc * xf.rep_k;
+        uint64_t along = t->dim == 0 ? nr * xf.rep_n : nc * xf.rep_k;
+        TPS_FAIL_IF(stored != TPS_F32 || xf.skip + xf.out > along ||
+                        along - (xf.skip + xf.out) >= (t->dim == 0 ? xf.rep_n : xf.rep_k),
+                    ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': rank %d's refined piece does not cover its rows", mpath,
+                    t->name, rank);
+        pbytes = orows * ocols * 4;
+    }
     if (!hold && !at) {
         int same = si->ndim == lnd;
         for (int d = 0; same && d < lnd; d++) same = si->shape[d] == lshape[d];
@@ -612,6 +684,10 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     pc->nbytes = lbytes;
     pc->fbytes = pbytes;
     pc->stored = stored;
+    pc->xf = xf;
+    pc->xdim = t->dim;
+    pc->xrows = lnd == 2 ? lshape[0] : 0;
+    pc->xcols = lnd == 2 ? lshape[1] : 0;
     pc->lo = lo;
     pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
     pc->holder = holder;
@@ -647,11 +723,16 @@ static tps_err check_cover(tps_ctx *ctx, const tps_ckpt *ck, const shard_rd *S, 
             if (!ck->rank_present[rr->valueint]) complete = 0;
         }
         for (int a = 0; complete && a < t->npieces; a++) {
-            TPS_FAIL_IF(t->pieces[a].lo != expect_lo, ctx, TPS_E_MISMATCH,
+            /* a refined scale's pieces (vLLM's experts) may share a block
+             * row or column with the one before; check makes sure they agree */
+            const tps_piece *pa = &t->pieces[a];
+            int ok = pa->xf.rep_n ? pa->lo <= expect_lo && pa->hi > expect_lo
+                                  : pa->lo == expect_lo;
+            TPS_FAIL_IF(!ok, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': its pieces along dim %d leave a gap or overlap at %llu "
                         "(each row must be held once, replicas aside)",
                         mpath, t->name, t->dim, (unsigned long long)expect_lo);
-            expect_lo = t->pieces[a].hi;
+            expect_lo = pa->hi;
         }
         if (!complete) expect_lo = t->shape[t->dim];
     }
@@ -776,7 +857,7 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
     uint64_t shape[TPS_MAX_DIMS];
     int nd = 0, ovf = 0, mis = 0;
     rt->file = -1;
-    TPS_FAIL_IF(!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= ck->tp ||
+    TPS_FAIL_IF(!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= ck->nranks ||
                     !cJSON_IsString(nm) || !cJSON_IsString(fn) || !cJSON_IsString(dt) ||
                     tps_dtype_from_name(dt->valuestring, &rt->dtype) ||
                     !json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, &nd) ||

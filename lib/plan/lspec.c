@@ -282,11 +282,32 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
 {
     static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks",
-                                        "model_types"};
+                                        "model_types", "fuse_shared"};
     static const char *const rknown[] = {"module", "as"};
     static const char *const sknown[] = {"name", "parts", "split"};
-    const ynode *v[7], *rv[2];
-    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 7, v));
+    static const char *const fknown[] = {"module", "architectures", "counts", "shared"};
+    const ynode *v[8], *rv[2], *fv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 8, v));
+    if (v[7]) {
+        TPS_TRY(tps_pl_map_fields(pc, v[7], "fuse_shared", fknown, 4, fv));
+        if (!fv[0] || !fv[1] || !fv[2] || !fv[3])
+            return tps_pl_perr(pc, v[7]->line, "'fuse_shared' needs 'module', 'architectures', "
+                                               "'counts' and 'shared'");
+        TPS_TRY(tps_pl_get_str(pc, fv[0], "module", &x->shared));
+        TPS_TRY(check_leaf(pc, fv[0]));
+        TPS_TRY(tps_pl_get_str_list(pc, fv[1], "architectures", NULL, &x->shared_arch,
+                                    &x->nshared_arch));
+        if (fv[2]->type != YN_SEQ || fv[2]->n < 1 || fv[2]->n > 8)
+            return tps_pl_perr(pc, fv[2]->line, "fuse_shared: 'counts' is a list of 1 to 8 counts");
+        for (size_t i = 0; i < fv[2]->n; i++) {
+            double d;
+            if (tps_pl_y_number(fv[2]->kid[i], &d) || d < 1 || d > 65536 || d != (uint64_t)d)
+                return tps_pl_perr(pc, fv[2]->line, "fuse_shared: a count is a positive integer");
+            x->shared_counts[x->nshared_counts++] = (uint64_t)d;
+        }
+        TPS_TRY(tps_pl_get_str(pc, fv[3], "shared", &x->shared_field));
+        TPS_TRY(tps_pl_check_field_name(pc, fv[3], "shared"));
+    }
     if (v[6]) TPS_TRY(tps_pl_get_str_list(pc, v[6], "model_types", NULL, &x->model_types, &x->nmt));
     x->line = m->line;
     if (!v[0] || !v[1] || !v[5])
@@ -340,13 +361,19 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     return TPS_OK;
 }
 
-/* scales: {dtype, per_tensor_shape, refuse, reason}: how the engine wants a
+/* scales: {dtype, per_tensor_shape, refuse, reason, refine_expert_blocks}: how the engine wants a
  * quantized checkpoint's scales written, and the kinds it cannot load. */
 static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason"};
-    const ynode *qv[4];
-    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 4, qv));
+    static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason",
+                                         "refine_expert_blocks"};
+    const ynode *qv[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 5, qv));
+    if (qv[4]) {
+        if (qv[4]->type != YN_SCALAR || (strcmp(qv[4]->s, "true") && strcmp(qv[4]->s, "false")))
+            return tps_pl_perr(pc, qv[4]->line, "scales: refine_expert_blocks is true or false");
+        s->refine_moe_blocks = !strcmp(qv[4]->s, "true");
+    }
     if (qv[0]) {
         if (qv[0]->type != YN_SCALAR || strcmp(qv[0]->s, "F32"))
             return tps_pl_perr(pc, qv[0]->line, "scales: dtype is F32 (or absent: as stored)");
@@ -417,15 +444,40 @@ static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
     return TPS_OK;
 }
 
+/* pipeline: {layers, count, first, last, every_stage}: how the engine builds
+ * one pipeline stage's model (see tps_lspec). */
+static tps_err parse_lpipeline(const pctx *pc, const ynode *m, tps_lspec *s)
+{
+    static const char *const known[] = {"layers", "count", "first", "last", "every_stage"};
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 5, v));
+    if (!v[0] || !v[1] || !v[3])
+        return tps_pl_perr(pc, m->line,
+                           "'pipeline' needs layers (the decoder layers' module path), count (the "
+                           "config field counting them) and last (the modules of the last stage)");
+    TPS_TRY(tps_pl_get_str(pc, v[0], "layers", &s->pp_layers));
+    TPS_TRY(tps_pl_check_pattern(pc, v[0]));
+    if (tps_pl_has_glob(s->pp_layers, strlen(s->pp_layers)))
+        return tps_pl_perr(pc, v[0]->line, "pipeline 'layers' is a module path, not a pattern");
+    TPS_TRY(tps_pl_get_str(pc, v[1], "count", &s->pp_count));
+    if (v[2]) TPS_TRY(tps_pl_get_str_list(pc, v[2], "first", tps_pl_check_pattern, &s->pp_first,
+                                          &s->npp_first));
+    TPS_TRY(tps_pl_get_str_list(pc, v[3], "last", tps_pl_check_pattern, &s->pp_last, &s->npp_last));
+    if (v[4]) TPS_TRY(tps_pl_get_str_list(pc, v[4], "every_stage", NULL, &s->pp_every,
+                                          &s->npp_every));
+    s->has_pipeline = 1;
+    return TPS_OK;
+}
+
 static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
 {
     static const char *const known[] = {"name",  "target", "description", "serves", "split",
                                         "vocab_padding", "vocab", "tied", "overrides", "fuse",
                                         "vocab_padding_tp", "checks", "scales", "experts",
-                                        "drop", "keys", "rename"};
+                                        "drop", "keys", "rename", "pipeline"};
     static const char *const sknown[] = {"architectures", "model_types"};
     enum { K_NAME, K_TARGET, K_DESC, K_SERVES, K_SPLIT, K_PAD, K_VOCAB, K_TIED, K_OVR, K_FUSE,
-           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_RENAME, K_N };
+           K_PADTP, K_CHECKS, K_SCALES, K_EXPERTS, K_DROP, K_KEYS, K_RENAME, K_PIPE, K_N };
     const ynode *v[K_N], *sv[2];
     if (root->type != YN_MAP)
         return tps_pl_perr(pc, root->line,
@@ -526,6 +578,7 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
     }
     if (v[K_SCALES]) TPS_TRY(parse_lscales(pc, v[K_SCALES], s));
     if (v[K_TIED]) TPS_TRY(parse_ltied(pc, v[K_TIED], s));
+    if (v[K_PIPE] && !tps_pl_y_is_null(v[K_PIPE])) TPS_TRY(parse_lpipeline(pc, v[K_PIPE], s));
     if (v[K_OVR] && !tps_pl_y_is_null(v[K_OVR])) {
         if (v[K_OVR]->type != YN_SEQ || v[K_OVR]->n > PLAN_MAX_RULES)
             return tps_pl_perr(pc, v[K_OVR]->line,
@@ -572,6 +625,11 @@ void tps_lspec_free(tps_lspec *s)
     tps_pl_strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    free(s->pp_layers);
+    free(s->pp_count);
+    tps_pl_strv_free(s->pp_first, s->npp_first);
+    tps_pl_strv_free(s->pp_last, s->npp_last);
+    tps_pl_strv_free(s->pp_every, s->npp_every);
     free(s->refuse_scales_reason);
     for (size_t i = 0; i < s->ndrops; i++) {
         tps_pl_strv_free(s->drops[i].contains, s->drops[i].ncontains);
@@ -601,6 +659,9 @@ void tps_lspec_free(tps_lspec *s)
         free(x->router);
         free(x->router_as);
         tps_pl_strv_free(x->model_types, x->nmt);
+        free(x->shared);
+        tps_pl_strv_free(x->shared_arch, x->nshared_arch);
+        free(x->shared_field);
         for (size_t j = 0; j < x->nstacks; j++) {
             free(x->stacks[j].name);
             tps_pl_strv_free(x->stacks[j].parts, x->stacks[j].nparts);

@@ -28,7 +28,7 @@ static int missing_ranks(const tps_ckpt *ck, char *buf, size_t len)
     size_t ml = 0;
     int present = 0;
     buf[0] = 0;
-    for (int r = 0; r < ck->tp; r++) {
+    for (int r = 0; r < ck->nranks; r++) {
         if (ck->rank_present[r]) {
             present++;
             continue;
@@ -250,10 +250,12 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
     tps_err rc = TPS_OK;
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
     res->tp = ck->tp;
+    res->pp = ck->pp;
+    res->ranks = ck->nranks;
     res->files_checked = (int)ck->nfiles;
     res->headers_checked = (int)ck->nfiles - ck->headers_unrecorded; /* at open */
     res->ranks_present = missing_ranks(ck, res->missing_ranks, sizeof res->missing_ranks);
-    res->complete = res->ranks_present == ck->tp;
+    res->complete = res->ranks_present == ck->nranks;
     TPS_CHECK(crc_pieces(ctx, ck, &crc, &base, &res->bytes_checked));
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
@@ -275,9 +277,16 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
                 TPS_FAIL_IF(crc[base[i] + (size_t)p] != crc[base[i]], ctx, TPS_E_MISMATCH,
                             "%s: replicated tensor '%s' differs between rank %d and rank %d", dir,
                             t->name, t->pieces[0].rank, pc->rank);
+            if (p < t->npieces && pc->xf.rep_n && t->dim >= 0 && p > 0 &&
+                t->pieces[p - 1].hi > pc->lo) /* a refined primary sharing rows */
+                TPS_CHECK(tps_ckpt_refined_same(ctx, ck, i, pc, ""));
             if (p >= t->npieces) { /* a replica: the same bytes as the primary of its rows */
                 int q = 0;
                 while (q < t->npieces && (t->pieces[q].lo != pc->lo || t->pieces[q].hi != pc->hi)) q++;
+                if (q == t->npieces && pc->xf.rep_n) {
+                    TPS_CHECK(tps_ckpt_refined_same(ctx, ck, i, pc, ""));
+                    continue;
+                }
                 TPS_FAIL_IF(q == t->npieces, ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': rank %d holds a replica of rows [%llu, %llu) that no "
                             "rank holds as its own",
@@ -326,6 +335,8 @@ static tps_err same_rows(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char
     const tps_piece *r = &t->replicas[p];
     int q = 0;
     while (q < t->npieces && (t->pieces[q].lo != r->lo || t->pieces[q].hi != r->hi)) q++;
+    if (q == t->npieces && r->xf.rep_n)
+        return tps_ckpt_refined_same(ctx, ck, i, r, "; refusing to merge");
     if (q == t->npieces || t->pieces[q].nbytes != r->nbytes)
         return tps_fail(ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': rank %d's replica of rows [%llu, %llu) has no primary; "
@@ -581,7 +592,7 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
     if (files_written) *files_written = 0;
     TPS_CHECK(open_sharded_dir(ctx, dir, &ck));
     char missing[256];
-    TPS_FAIL_IF(missing_ranks(ck, missing, sizeof missing) < ck->tp, ctx, TPS_E_MISMATCH,
+    TPS_FAIL_IF(missing_ranks(ck, missing, sizeof missing) < ck->nranks, ctx, TPS_E_MISMATCH,
                 "%s: cannot merge: rank(s) %s are missing", dir, missing);
     /* Replicas must agree before one is taken. */
     bufa = tps_xmalloc(CHUNK / 2);

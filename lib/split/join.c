@@ -22,19 +22,24 @@ static int is_ours(const char *name)
     int r, p, n = 0;
     if (strcmp(name, TPS_MANIFEST) == 0) return 1;
     if (sscanf(name, "model-rank-%d-part-%d.safetensors%n", &r, &p, &n) == 2 && name[n] == 0) return 1;
+    n = 0;
+    if (sscanf(name, "model-pp-%d-tp-%d-part-%d.safetensors%n", &r, &p, &p, &n) == 3 && name[n] == 0)
+        return 1;
     /* Temporaries a killed run left behind. */
     if (name[0] == '.' && strstr(name, ".tmp.") &&
-        (strncmp(name + 1, "model-rank-", 11) == 0 || strncmp(name + 1, TPS_MANIFEST, 12) == 0))
+        (strncmp(name + 1, "model-rank-", 11) == 0 || strncmp(name + 1, "model-pp-", 9) == 0 ||
+         strncmp(name + 1, TPS_MANIFEST, 12) == 0))
         return 2;
     return 0;
 }
 
-/* Rank of a rank file or of its temporary, -1 when the name is neither. */
-static int rank_of(const char *name)
+/* Rank of a rank file or of its temporary under E's naming, -1 when the
+ * name is neither (another naming's rank file: not one of E's ranks). */
+static int rank_of(const engine *E, const char *name)
 {
     int r, p;
     if (name[0] == '.') name++;
-    return sscanf(name, "model-rank-%d-part-%d", &r, &p) == 2 ? r : -1;
+    return tps_rank_file_parse(name, E->L->tp, E->L->pp, &r, &p) < 0 ? -1 : r;
 }
 
 static tps_err load_manifest(tps_ctx *ctx, const char *dir, cJSON **out)
@@ -64,7 +69,9 @@ static int joinable(const engine *E, const cJSON *m)
     const char *lname = cJSON_IsString(ln) ? ln->valuestring : "dtensor";
     int ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"), "ep"));
     if (ep != E->L->ep) return 0;
-    if (!cJSON_IsNumber(tp) || tp->valueint != E->tp || !cJSON_IsString(pn) ||
+    const cJSON *pp = cJSON_GetObjectItemCaseSensitive(m, "pp");
+    if ((pp ? !cJSON_IsNumber(pp) || pp->valueint != E->L->pp : E->L->pp != 1)) return 0;
+    if (!cJSON_IsNumber(tp) || tp->valueint != E->L->tp || !cJSON_IsString(pn) ||
         strcmp(lname, tps_layout_name(E->L)) ||
         strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
         strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts))
@@ -143,7 +150,7 @@ static tps_err prepare_join(engine *E, const tps_split_opts *o)
         E->prev = m;
         const cJSON *pw = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
         for (const cJSON *r = pw ? pw->child : NULL; r && !o->force; r = r->next)
-            TPS_FAIL_IF(cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp &&
+            TPS_FAIL_IF(cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->nranks &&
                             E->write[r->valueint],
                         ctx, TPS_E_EXISTS,
                         "%s: rank %d is already written here; pass --force to rewrite the ranks "
@@ -221,9 +228,9 @@ void tps_sp_remove_stale(engine *E, const char *dir)
         int kind = is_ours(de->d_name);
         if (!kind || strcmp(de->d_name, TPS_MANIFEST) == 0) continue;
         char *p = tps_path_join(dir, de->d_name);
-        int keep = 0, r = rank_of(de->d_name);
+        int keep = 0, r = rank_of(E, de->d_name);
         /* Joining: other runs' ranks and temporaries are theirs. */
-        if (E->join && (r < 0 || r >= E->tp || !E->write[r])) keep = 1;
+        if (E->join && (r < 0 || r >= E->nranks || !E->write[r])) keep = 1;
         for (size_t i = 0; p && i < E->nfiles && !keep; i++)
             keep = strcmp(E->files[i].final, p) == 0 || strcmp(E->files[i].tmp, p) == 0;
         if (p && !keep) unlink(p);

@@ -68,8 +68,11 @@ static void mw_rank_file(const engine *E, FILE *f, size_t k, int r, const cJSON 
         mw_str(f, base_name(E->files[E->slots[k].file].final));
     else if (cJSON_IsString(fn))
         mw_str(f, fn->valuestring);
-    else
-        fprintf(f, "\"model-rank-%d-part-0.safetensors\"", r);
+    else {
+        char nm[96];
+        tps_rank_file_name(E->L->tp, E->L->pp, r, 0, nm, sizeof nm);
+        mw_str(f, nm);
+    }
 }
 
 typedef struct {
@@ -148,8 +151,18 @@ static void mw_head(const engine *E, FILE *f, const char *plan_source)
 {
     const tps_layout *L = E->L;
     fprintf(f, "{\n\"format\": \"tpshard\",\n\"version\": %d,\n\"tool\": \"tpshard " TPS_VERSION_STRING
-               "\",\n\"tp\": %d,\n\"plan\": {\"name\": ",
-            L->spec ? TPS_MANIFEST_FORMAT_LAYOUT : TPS_MANIFEST_FORMAT, E->tp);
+               "\",\n\"tp\": %d,\n",
+            L->spec ? TPS_MANIFEST_FORMAT_LAYOUT : TPS_MANIFEST_FORMAT, L->tp);
+    if (L->pp > 1) {
+        /* pipeline stages: rank w is stage w / tp; each stage's layers */
+        fprintf(f, "\"pp\": %d,\n\"stages\": [", L->pp);
+        for (int s = 0; s < L->pp; s++)
+            fprintf(f, "%s{\"stage\": %d, \"layers\": [%d, %d], \"ranks\": [%d, %d]}",
+                    s ? ", " : "", s, L->stage_first[s], L->stage_first[s] + L->stage_layers[s],
+                    s * L->tp, (s + 1) * L->tp);
+        fputs("],\n", f);
+    }
+    fputs("\"plan\": {\"name\": ", f);
     mw_str(f, tps_plan_name(L->plan));
     fputs(", \"source\": ", f);
     mw_str(f, plan_source);
@@ -230,7 +243,7 @@ static void mw_ranks_written(const engine *E, FILE *f, const unsigned char *thei
 {
     fputs("\"ranks_written\": [", f);
     int first = 1;
-    for (int r = 0; r < E->tp; r++)
+    for (int r = 0; r < E->nranks; r++)
         if (E->write[r] || theirs[r]) {
             fprintf(f, "%s%d", first ? "" : ", ", r);
             first = 0;
@@ -255,7 +268,7 @@ static void mw_files(const engine *E, FILE *f, const unsigned char *theirs)
         const cJSON *nm = cJSON_GetObjectItemCaseSensitive(pf, "name");
         const cJSON *pt = cJSON_GetObjectItemCaseSensitive(pf, "part");
         const cJSON *by = cJSON_GetObjectItemCaseSensitive(pf, "bytes");
-        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->tp || !theirs[rk->valueint] ||
+        if (!cJSON_IsNumber(rk) || rk->valueint < 0 || rk->valueint >= E->nranks || !theirs[rk->valueint] ||
             !cJSON_IsString(nm) || !cJSON_IsNumber(pt) || !cJSON_IsNumber(by))
             continue;
         const cJSON *hb = cJSON_GetObjectItemCaseSensitive(pf, TPS_PROV_HEADER_BYTES);
@@ -270,6 +283,12 @@ static void mw_files(const engine *E, FILE *f, const unsigned char *theirs)
         mw_str(f, fe[i].name);
         fprintf(f, ", \"rank\": %d, \"part\": %d, \"bytes\": %llu", fe[i].rank, fe[i].part,
                 (unsigned long long)fe[i].bytes);
+        if (E->L->pp > 1) { /* the worker's stage, tp rank and layers */
+            int s = fe[i].rank / E->L->tp;
+            fprintf(f, ", \"stage\": %d, \"tp_rank\": %d, \"layers\": [%d, %d]", s,
+                    fe[i].rank % E->L->tp, E->L->stage_first[s],
+                    E->L->stage_first[s] + E->L->stage_layers[s]);
+        }
         if (fe[i].has_hdr)
             fprintf(f, ", \"" TPS_PROV_HEADER_BYTES "\": %llu, \"" TPS_PROV_HEADER_CRC "\": %u",
                     (unsigned long long)fe[i].hdr_bytes, (unsigned)fe[i].hdr_crc);
@@ -317,6 +336,11 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
             (unsigned long long)p->nbytes);
     /* dim -1: every piece is the whole tensor, copies by definition */
     if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
+    if (p->xf) {
+        const tps_xform *x = &L->xforms[p->xf - 1];
+        fprintf(f, ", \"refine\": [%u, %u, %llu, %llu]", x->rep_n, x->rep_k,
+                (unsigned long long)x->skip, (unsigned long long)x->out);
+    }
     const cJSON *pc = cJSON_GetObjectItemCaseSensitive(pe, "crc32");
     if (E->slots[rk].file >= 0)
         fprintf(f, ", \"crc32\": %u", (unsigned)E->region_crc[p->region]);
@@ -380,7 +404,7 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
         fputs(",\n\"rank_tensors\": [", f);
         int first = 1;
         const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
-        for (int r = 0; r < E->tp; r++) {
+        for (int r = 0; r < E->nranks; r++) {
             for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
                 const tps_rtensor *rt = &L->rt[k];
                 if (rt->simple) continue;
@@ -432,14 +456,14 @@ tps_err tps_sp_write_manifest(engine *E, const tps_split_opts *o, const char *pl
     tps_ctx *ctx = E->ctx;
     tps_err rc = TPS_OK;
     /* Ranks earlier --ranks runs wrote here (joining): their entries stay. */
-    unsigned char *theirs = tps_xcalloc((size_t)E->tp, 1);
+    unsigned char *theirs = tps_xcalloc((size_t)E->nranks, 1);
     char *path = tps_path_join(o->out_dir, TPS_MANIFEST);
     char *tmp = path ? tps_tmp_name(path) : NULL;
     FILE *f = NULL;
     TPS_FAIL_IF(!theirs || !path || !tmp, ctx, TPS_E_NOMEM, "out of memory");
     const cJSON *pw = cJSON_GetObjectItemCaseSensitive(E->prev, "ranks_written");
     for (const cJSON *r = pw ? pw->child : NULL; r; r = r->next)
-        if (cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->tp && !E->write[r->valueint])
+        if (cJSON_IsNumber(r) && r->valueint >= 0 && r->valueint < E->nranks && !E->write[r->valueint])
             theirs[r->valueint] = 1;
     f = fopen(tmp, "we");
     TPS_FAIL_IF(!f, ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));

@@ -209,6 +209,46 @@ static tps_err plan_tasks(engine *E)
     return TPS_OK;
 }
 
+/* A refined piece (tps_xform): the whole region's len bytes, each element
+ * widened to F32 and repeated rep_n x rep_k times, the region's dim cropped
+ * to `out` repeated rows or columns from `skip`, in one write. */
+static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, uint64_t off,
+                             int fd, const char *path, uint64_t at)
+{
+    const tps_layout *L = E->L;
+    const tps_lpiece *p = &L->pieces[pi];
+    const tps_region *g = &L->regions[p->region];
+    const tps_ctensor *t = &E->ck->t[g->src];
+    const tps_xform *x = &L->xforms[p->xf - 1];
+    uint64_t rows = t->ndim == 2 ? t->shape[0] : 1, cols = t->ndim == 2 ? t->shape[1] : 1;
+    if (g->dim == 0) rows = g->hi - g->lo;
+    if (g->dim == 1) cols = g->hi - g->lo;
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    if (off || len != rows * cols * es || t->ndim != 2)
+        return tps_fail(E->ctx, TPS_E_ARG,
+                        "%s: tensor '%s': a refined scale piece must be written whole", path,
+                        t->name);
+    uint64_t orows = g->dim == 0 ? x->out : rows * x->rep_n;
+    uint64_t ocols = g->dim == 1 ? x->out : cols * x->rep_k;
+    uint64_t sr = g->dim == 0 ? x->skip : 0, sc = g->dim == 1 ? x->skip : 0;
+    float *o = tps_xmalloc((size_t)(orows * ocols) * sizeof *o + 1);
+    if (!o) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    const unsigned char *in = buf;
+    for (uint64_t i = 0; i < orows; i++)
+        for (uint64_t j = 0; j < ocols; j++) {
+            uint64_t si = (i + sr) / x->rep_n, sj = (j + sc) / x->rep_k;
+            tps_widen_f32(t->dtype, in + (si * cols + sj) * es, &o[i * ocols + j], 1);
+        }
+    tps_err rc = (orows * ocols * 4 == p->nbytes)
+                     ? tps_pwrite_full(E->ctx, fd, path, o, (size_t)p->nbytes, at)
+                     : tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': refined piece of %llu "
+                                "bytes, %llu expected", path, t->name,
+                                (unsigned long long)(orows * ocols * 4),
+                                (unsigned long long)p->nbytes);
+    free(o);
+    return rc;
+}
+
 /* Writes len bytes that start `off` bytes into piece pi's region. */
 static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
@@ -217,6 +257,7 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     const oslot *s = &E->slots[E->piece_rt[pi]];
     ofile *f = &E->files[s->file];
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
+    if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
     if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
     /* Widened to F32 (a scale): whole elements, as tasks cut them. */
     size_t es = tps_dtype_bits(sd) / 8;
@@ -680,9 +721,11 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
         pe[m++] = (tps_st_entry){.name = rt->name, .dtype = rt->dtype, .ndim = rt->ndim,
                                  .shape = rt->shape, .nbytes = rt->nbytes};
     }
-    char rs[16], ts[16], ps[16], np[16];
-    snprintf(rs, sizeof rs, "%d", r);
-    snprintf(ts, sizeof ts, "%d", E->tp);
+    char rs[16], ts[16], ps[16], np[16], sr[16], ss[16];
+    snprintf(rs, sizeof rs, "%d", r % L->tp);
+    snprintf(ts, sizeof ts, "%d", L->tp);
+    snprintf(sr, sizeof sr, "%d", r / L->tp);
+    snprintf(ss, sizeof ss, "%d", L->pp);
     snprintf(ps, sizeof ps, "%d", p);
     snprintf(np, sizeof np, "%d", f->nparts);
     if (!L->spec) {
@@ -695,11 +738,12 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
         rc = tps_st_build_header(ctx, pe, m, mk, mv, 8, hdr, &f->hdr_len);
         free(pj);
     } else {
+        /* with pipeline stages, the worker's stage too (pp 1: as without) */
         const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan",
-                            "tool", "layout", "target"};
+                            "tool", "layout", "target", "pp_rank", "pp_size"};
         const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
-                            "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target};
-        rc = tps_st_build_header(ctx, pe, m, mk, mv, 9, hdr, &f->hdr_len);
+                            "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target, sr, ss};
+        rc = tps_st_build_header(ctx, pe, m, mk, mv, L->pp > 1 ? 11 : 9, hdr, &f->hdr_len);
     }
     if (!rc) rc = tps_st_pad_header(ctx, hdr, &f->hdr_len, f->pad);
     if (!rc) {
@@ -720,14 +764,14 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
     tps_ctx *ctx = E->ctx;
     const tps_layout *L = E->L;
     size_t maxn = 0;
-    for (int r = 0; r < E->tp; r++)
+    for (int r = 0; r < E->nranks; r++)
         if (L->rank_rt[r + 1] - L->rank_rt[r] > maxn) maxn = L->rank_rt[r + 1] - L->rank_rt[r];
     tps_st_entry *ent = tps_xcalloc(maxn ? maxn : 1, sizeof *ent);
     int *fileof = tps_xcalloc(maxn ? maxn : 1, sizeof *fileof);
     tps_err rc = TPS_OK;
     TPS_FAIL_IF(!ent || !fileof, ctx, TPS_E_NOMEM, "out of memory");
     for (size_t i = 0; i < L->nrt; i++) E->slots[i].file = -1;
-    for (int r = 0; r < E->tp; r++) {
+    for (int r = 0; r < E->nranks; r++) {
         if (!E->write[r]) continue;
         size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0;
         for (size_t k = 0; k < n; k++) {
@@ -767,7 +811,9 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
             E->nfiles++;
             for (size_t k = 0; k < n; k++)
                 if (fileof[k] == p) E->slots[k0 + k].file = (int)(E->nfiles - 1);
-            f->final = tps_asprintf("%s/model-rank-%d-part-%d.safetensors", o->out_dir, r, p);
+            char fname[96];
+            tps_rank_file_name(L->tp, L->pp, r, p, fname, sizeof fname);
+            f->final = tps_asprintf("%s/%s", o->out_dir, fname);
             f->tmp = f->final ? tps_tmp_name(f->final) : NULL;
             f->nparts = part + 1;
             /* The header's length places the tensors; the header itself is
@@ -856,7 +902,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                   tps_split_result *res)
 {
     tps_err rc = TPS_OK;
-    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp, .wfd = -1};
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
     unsigned char *all = NULL;
     if (res) memset(res, 0, sizeof *res);
     if (L->rejected && L->spec)
@@ -870,19 +916,20 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (o->tp && o->tp != L->tp)
         return tps_fail(ctx, TPS_E_ARG, "split options say tp %d but the layout was made for tp %d",
                         o->tp, L->tp);
-    /* A manifest lists every (tensor, rank): past this it would outgrow what
-     * check, merge and verify read back (about 235 bytes an entry). */
-    if ((uint64_t)L->npieces + L->nrt > TPS_MAX_MANIFEST_ENTRIES)
+    /* A manifest lists every (tensor, rank) piece, and a serving layout's
+     * every rank tensor: past this either list would outgrow what check,
+     * merge and verify read back (about 235 bytes an entry). */
+    size_t most = L->npieces > L->nrt ? L->npieces : L->nrt;
+    if (most > TPS_MAX_MANIFEST_ENTRIES)
         return tps_fail(ctx, TPS_E_NOMEM,
-                        "%s: %zu tensors at tp %d make %llu tensor-rank entries, over the %d a "
+                        "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %d a "
                         "manifest may hold (check, merge and verify could not read it back)",
-                        ck->path, ck->n, L->tp, (unsigned long long)(L->npieces + L->nrt),
-                        TPS_MAX_MANIFEST_ENTRIES);
-    all = tps_xcalloc((size_t)L->tp, 1);
+                        ck->path, ck->n, L->tp, most, TPS_MAX_MANIFEST_ENTRIES);
+    all = tps_xcalloc((size_t)L->nranks, 1);
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
     int any = 0;
-    for (int r = 0; r < L->tp; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
+    for (int r = 0; r < L->nranks; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
     E.write = all;
     /* A --ranks run with no rank to write (split --ranks auto, more tasks than
      * ranks) leaves the directory to the others. */
@@ -952,7 +999,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         res->files_written = (int)E.nfiles;
         res->bytes_shared = E.kc.shared;
         res->copy = tps_kcopy_mode_name(E.kc.mode);
-        for (int r = 0; r < L->tp; r++) res->ranks_written += all[r];
+        for (int r = 0; r < L->nranks; r++) res->ranks_written += all[r];
     }
 out:
     engine_free(&E, rc != TPS_OK);
@@ -966,15 +1013,15 @@ tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
                           uint64_t *copied)
 {
     tps_err rc = TPS_OK;
-    engine E = {.ctx = ctx, .ck = ck, .L = L, .tp = L->tp, .wfd = -1};
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
     tps_split_opts o = {.out_dir = ".", .max_part_size = max_part_size};
-    unsigned char *all = tps_xcalloc((size_t)L->tp, 1);
+    unsigned char *all = tps_xcalloc((size_t)L->nranks, 1);
     *shared = *copied = 0;
     TPS_FAIL_IF(!L->rank_rt || L->rejected, ctx, TPS_E_REJECT,
                 "split: the layout rejects the model");
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
-    memset(all, 1, (size_t)L->tp);
+    memset(all, 1, (size_t)L->nranks);
     E.write = all;
     E.kc = (tps_kcopy){.mode = TPS_KC_CLONE, .blk = block, .can_clone = 1};
     TPS_CHECK(build_files(&E, &o));

@@ -49,8 +49,8 @@ typedef struct {
     tps_ctx *ctx;
     const tps_ckpt *ck;
     const tps_layout *L;
-    const unsigned char *write;
-    int tp;
+    const unsigned char *write; /* [nranks] */
+    int nranks;      /* the layout's ranks (workers): tp, or tp x pp */
     ofile *files;
     size_t nfiles;
     oslot *slots;    /* [rank tensor] */

@@ -133,7 +133,8 @@ static tps_err expect_layout(vctx *V)
     if (ck->plan_text) /* packed tensors: their sections are the plan's */
         TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
                                  strlen(ck->plan_text), &V->plan));
-    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, V->tp, ck->layout_ep, st, &V->lay));
+    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
+                                     ck->stage_layers, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);
@@ -162,7 +163,7 @@ static tps_err refuse_partial(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
     char miss[256] = "";
     size_t ml = 0;
     int present = 0;
-    for (int r = 0; r < ck->tp; r++) {
+    for (int r = 0; r < ck->nranks; r++) {
         if (ck->rank_present[r]) {
             present++;
             continue;
@@ -170,12 +171,12 @@ static tps_err refuse_partial(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
         int w = snprintf(miss + ml, sizeof miss - ml, "%s%d", ml ? "," : "", r);
         if (w > 0 && ml + (size_t)w < sizeof miss) ml += (size_t)w;
     }
-    if (present == ck->tp) return TPS_OK;
+    if (present == ck->nranks) return TPS_OK;
     return tps_fail(ctx, TPS_E_PARTIAL,
                     "%s: partial: rank%s %s %s not written here yet (split --ranks; %d of %d "
                     "ranks present): verify needs every rank",
                     dir, strchr(miss, ',') ? "s" : "", miss, strchr(miss, ',') ? "are" : "is",
-                    present, ck->tp);
+                    present, ck->nranks);
 }
 
 /* Shards that differ from the source although they hold exactly the bytes
@@ -214,7 +215,10 @@ static tps_err open_inputs(vctx *V)
         tps_ckpt_kind(V->ck) != TPS_SRC_SHARDED, ctx, TPS_E_ARG,
         "%s: not a tpshard output directory (no %s): verify takes what `tpshard split` wrote",
         o->dir, TPS_MANIFEST);
-    V->tp = V->ck->tp;
+    /* With pipeline stages the ranks are the workers, tp x pp: a stage's tensors
+     * are on its tp ranks, and the ranks of the other stages hold none of them
+     * (empty shards to the products, which then run on the stage's ranks). */
+    V->tp = V->ck->nranks;
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
     TPS_CHECK(refuse_partial(ctx, V->ck, o->dir));
     if (V->ck->layout_target) TPS_CHECK(expect_layout(V));
@@ -343,6 +347,67 @@ out:
     return rc;
 }
 
+/* With pipeline stages: the whole (every layer's tensors on the ranks of the
+ * one stage the manifest gives that layer), then a row per stage summing
+ * the checks of its layers. */
+static tps_err check_stages(vctx *V)
+{
+    const tps_ckpt *ck = V->ck;
+    tps_verify_report *R = V->R;
+    int tp = ck->tp, pp = ck->pp;
+    if (pp <= 1) return TPS_OK;
+    int nl = ck->stage_first[pp - 1] + ck->stage_layers[pp - 1];
+    uint64_t n = 0, bad = 0;
+    char *note = NULL;
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        int layer = tps_layer_of_name(t->name);
+        if (layer < 0 || (V->o->tensors_glob && fnmatch(V->o->tensors_glob, t->name, 0) != 0))
+            continue;
+        n++;
+        int want = -1;
+        for (int s = 0; s < pp && layer < nl; s++)
+            if (layer >= ck->stage_first[s] && layer < ck->stage_first[s] + ck->stage_layers[s])
+                want = s;
+        for (int p = 0; p < t->npieces + t->nreplicas; p++) {
+            const tps_piece *pc = p < t->npieces ? &t->pieces[p] : &t->replicas[p - t->npieces];
+            if (pc->rank / tp == want) continue;
+            bad++;
+            if (!note)
+                note = want < 0 ? tps_asprintf("%s: layer %d is in no stage (%d layers)", t->name,
+                                               layer, nl)
+                                : tps_asprintf("%s: layer %d is stage %d's, but rank %d (stage %d) "
+                                               "holds it",
+                                               t->name, layer, want, pc->rank, pc->rank / tp);
+            break;
+        }
+    }
+    if (tps_va_rep_add(R, "pipeline: every layer on its stage's ranks", "stage", 0, 0, bad, n,
+                       !bad, note))
+        return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    if (bad) R->ok = 0;
+    size_t nrows = R->n;
+    for (int s = 0; s < pp; s++) {
+        uint64_t rows = 0, failed = 0;
+        int lo = ck->stage_first[s], hi = lo + ck->stage_layers[s];
+        for (size_t k = 0; k < nrows; k++) {
+            int layer = tps_layer_of_name(R->rows[k].check);
+            if (layer < lo || layer >= hi) continue;
+            rows++;
+            failed += !R->rows[k].ok;
+        }
+        char *name = tps_asprintf("stage %d: layers %d-%d on ranks %d-%d", s, lo, hi - 1, s * tp,
+                                  s * tp + tp - 1);
+        int e = !name || tps_va_rep_add(R, name, "stage", 0, 0, failed, rows, !failed,
+                                        failed ? tps_asprintf("%llu of its checks failed",
+                                                              (unsigned long long)failed)
+                                               : NULL);
+        free(name);
+        if (e) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    }
+    return TPS_OK;
+}
+
 tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **out)
 {
     if (out) *out = NULL;
@@ -398,6 +463,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     TPS_FAIL_IF(V->next_final != V->nu, ctx, TPS_E_IO, "verify: %zu tensors left unfinished",
                 V->nu - V->next_final);
     TPS_CHECK(check_rest(V));
+    TPS_CHECK(check_stages(V));
     if (V->src && !R->ok) TPS_CHECK(blame_source(V));
     if (V->gpu) {
         uint64_t bad = R->ok ? 0 : 1;

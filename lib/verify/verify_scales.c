@@ -32,9 +32,13 @@ static tps_err read_piece_f32(vctx *V, size_t t, int rank, float **out, uint64_t
     int p = -1;
     for (int k = 0; k < ct->npieces && p < 0; k++)
         if (ct->pieces[k].rank == rank) p = k;
+    /* a refined scale (vLLM's experts) may be held by a rank as a replica only */
+    for (int k = 0; k < ct->nreplicas && p < 0; k++)
+        if (ct->replicas[k].rank == rank && ct->replicas[k].xf.rep_n) p = ct->npieces + k;
     *out = NULL;
     if (p < 0) return TPS_OK;
-    uint64_t nb = ct->pieces[p].nbytes, es = tps_dtype_bits(ct->dtype) / 8;
+    const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+    uint64_t nb = pc->nbytes, es = tps_dtype_bits(ct->dtype) / 8;
     unsigned char *raw = malloc(nb + 1);
     float *f = malloc((nb / (es ? es : 1) + 1) * sizeof(float));
     tps_err rc = raw && f ? TPS_OK : tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
@@ -48,7 +52,7 @@ static tps_err read_piece_f32(vctx *V, size_t t, int rank, float **out, uint64_t
         return rc;
     }
     *out = f;
-    *lo = ct->dim >= 0 ? ct->pieces[p].lo : 0;
+    *lo = ct->dim >= 0 ? pc->lo : 0;
     *n = nb / es;
     return TPS_OK;
 }

@@ -255,10 +255,11 @@ class _Call:
         return json.loads(_lib.take_string(out))
 
     def layout(self, model: PathLike, tp: int, plan: Optional[PathLike], family: Optional[str],
-               layout: Optional[PathLike], untie: bool, ep: bool = False) -> Any:
+               layout: Optional[PathLike], untie: bool, ep: bool = False, pp: int = 1,
+               pp_layers: Any = None) -> Any:
         """Opens model, picks the plan (plan, family or detected) and the
         layout, unties when asked, and lays out every rank: split's and
-        plan's common part."""
+        plan's common part. pp_layers: a ctypes int array of pp counts."""
         if plan is not None and family is not None:
             raise _arg_error("plan and family conflict; give one")
         ck = self.handle(lib.tps_ckpt_open, _path(model, "model"), free=lib.tps_ckpt_free)
@@ -277,8 +278,37 @@ class _Call:
                 raise _arg_error(f"untie is for the dtensor layout; layout {name} writes tied "
                                  "checkpoints as its engine loads them")
             self.run(lib.tps_ckpt_untie, ck, pl)
-        return self.handle(lib.tps_layout_new_ep, ck, pl, spec, tp, 1 if ep else 0,
+        if pp > 1 and not lib.tps_layout_spec_has_pipeline(spec):
+            name = lib.tps_layout_spec_name(spec).decode()
+            raise _arg_error(f"pp is for layouts with pipeline stages (layout=\"vllm\"); layout "
+                             f"{name} has none")
+        return self.handle(lib.tps_layout_new_pp, ck, pl, spec, tp, 1 if ep else 0, pp, pp_layers,
                            free=lib.tps_layout_free), ck
+
+
+def _pipeline(pp: Optional[int], pp_layers: Union[str, Iterable[int], None]) -> Any:
+    """(pp, the partition as a ctypes array or None): pp_layers as given, or
+    VLLM_PP_LAYER_PARTITION when set (honoured as vLLM honours it); both and
+    different: an error."""
+    given = None if pp_layers is None else (
+        pp_layers if isinstance(pp_layers, str) else ",".join(str(int(x)) for x in pp_layers))
+    if pp is None:
+        pp = given.count(",") + 1 if given else 1
+    pp = _count(pp, "pp", 1, 4096)
+    env = os.environ.get("VLLM_PP_LAYER_PARTITION") if pp > 1 else None
+    parts = []
+    for what, text in (("pp_layers", given), ("VLLM_PP_LAYER_PARTITION", env)):
+        if text is None:
+            parts.append(None)
+            continue
+        arr, why = (ctypes.c_int * pp)(), ctypes.create_string_buffer(160)
+        if lib.tps_pp_parse_layers(text.encode(), pp, arr, why, 160) != 0:
+            raise _arg_error(f"{what} {text!r}: {why.value.decode()}")
+        parts.append(arr)
+    if parts[0] is not None and parts[1] is not None and list(parts[0]) != list(parts[1]):
+        raise _arg_error(f"pp_layers {given} and VLLM_PP_LAYER_PARTITION={env} disagree: vLLM "
+                         "partitions the layers as the variable says; give one, or the same")
+    return pp, parts[1] if parts[1] is not None else parts[0]
 
 
 def inspect(model: PathLike) -> Dict[str, Any]:
@@ -311,6 +341,7 @@ def inspect(model: PathLike) -> Dict[str, Any]:
 def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
          plan: Optional[PathLike] = None, family: Optional[str] = None,
          layout: Optional[PathLike] = None, untie: bool = False, ep: bool = False,
+         pp: Optional[int] = None, pp_layers: Union[str, Iterable[int], None] = None,
          list: bool = False) -> Dict[str, Any]:
     """How a split would place every tensor, and whether it is allowed
     (``tpshard plan MODEL --tp N --json``). Writes nothing.
@@ -334,14 +365,17 @@ def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
         untie: plan the split of a tied checkpoint as split(untie=True)
             writes it.
         ep: plan the split as split(ep=True) writes it.
+        pp, pp_layers: plan the pipeline stages as split(pp=, pp_layers=)
+            writes them: each tensor's stages, each worker's bytes.
         list: return the built-in plans and layouts instead
             (``tpshard plan --list --json``); model and tp are then ignored.
 
     Returns:
         The document: ok (False when a check rejects the split), model, plan,
-        layout, target, tp, ep, quantization, rejected (why, or None), untie,
+        layout, target, tp, pp, stages ([{stage, layers, ranks}]), ep, quantization, rejected (why, or None), untie,
         layers, checks ([{check, verdict, detail}]), tensors ([{name, dtype,
-        style, placement, rule, shape, local_shapes}]), rank_bytes,
+        style, placement, rule, shape, stages, local_shapes}]), rank_bytes (every rank:
+        tp x pp of them),
         source_bytes and replication_overhead.
 
     Raises:
@@ -354,8 +388,9 @@ def plan(model: Optional[PathLike] = None, tp: Optional[int] = None, *,
     if model is None or tp is None:
         raise _arg_error("plan: give model and tp (or list=True)")
     tp = _count(tp, "tp", 1, 4096)
+    pp, parts = _pipeline(pp, pp_layers)
     with _Call() as c:
-        L, _ = c.layout(model, tp, plan, family, layout, untie, ep)
+        L, _ = c.layout(model, tp, plan, family, layout, untie, ep, pp, parts)
         return c.doc(lib.tps_plan_json, L)
 
 
@@ -380,7 +415,8 @@ def _size(v: Union[int, str]) -> int:
 def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
           plan: Optional[PathLike] = None, family: Optional[str] = None,
           layout: Optional[PathLike] = None, ranks: Union[str, Iterable[int], None] = None,
-          untie: bool = False, ep: bool = False, threads: Optional[int] = None,
+          untie: bool = False, ep: bool = False, pp: Optional[int] = None,
+          pp_layers: Union[str, Iterable[int], None] = None, threads: Optional[int] = None,
           max_part_size: Union[int, str, None] = None, no_mmap: bool = False,
           copy: bool = False, force: bool = False, dry_run: bool = False,
           progress: Optional[Progress] = None) -> Dict[str, Any]:
@@ -420,6 +456,12 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
         ep: mixture-of-experts checkpoints in a serving layout: expert
             parallelism, each expert whole on one rank (rank r holds experts
             [r E/tp, (r+1) E/tp)); attention stays tensor parallel.
+        pp: layout="vllm": pipeline stages of tp ranks each, files
+            model-pp-{stage}-tp-{rank}-part-{p}.safetensors, each layer on the
+            stage vLLM's get_pp_indices gives it (VLLM_PP_LAYER_PARTITION
+            honoured when set). ranks then counts workers, stage x tp + rank.
+        pp_layers: each stage's layers, "15,15,16,15" or a list of ints
+            (implies pp).
         threads: worker threads; default: all cores.
         max_part_size: split each rank into parts of at most this much tensor
             data: bytes (int) or a size such as "5G", "512M".
@@ -436,9 +478,10 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
 
     Returns:
         The document: ok, schema_version, model, output, plan, layout, target,
-        tp, ep, ranks_written, files_written, bytes_written, bytes_shared,
-        bytes_copied, copy (reflink, copy_file_range or write) and rank_bytes
-        (the tensor bytes of each rank; 0 for ranks not written).
+        tp, pp, stages, ep, ranks_written, files_written, bytes_written,
+        bytes_shared, bytes_copied, copy (reflink, copy_file_range or write)
+        and rank_bytes (the tensor bytes of each rank; 0 for ranks not
+        written).
 
     Raises:
         tpshard.Error: malformed input, a rejected split (REJECT), an output
@@ -446,17 +489,18 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
         KeyboardInterrupt: Ctrl-C; the temporary files are removed first.
     """
     tp = _count(tp, "tp", 1, 4096)
-    mask = None if ranks is None else _ranks_mask(ranks, tp)
+    pp, parts = _pipeline(pp, pp_layers)
+    mask = None if ranks is None else _ranks_mask(ranks, tp * pp)
     part = 0 if max_part_size is None else _size(max_part_size)
     if threads is not None:
         threads = _count(threads, "threads", 1, 1024)
     with _Call(threads=threads, progress=progress) as c:
-        L, ck = c.layout(model, tp, plan, family, layout, untie, ep)
+        L, ck = c.layout(model, tp, plan, family, layout, untie, ep, pp, parts)
         if dry_run:
             return c.doc(lib.tps_plan_json, L)
         if output is None:
             out = ctypes.c_void_p()
-            c.check(lib.tps_split_default_dir(c.ctx, ck, tp, ctypes.byref(out)))
+            c.check(lib.tps_split_default_dir_pp(c.ctx, ck, tp, pp, ctypes.byref(out)))
             out_dir = os.fsencode(_lib.take_string(out))
         else:
             out_dir = _path(output, "output")

@@ -3,7 +3,8 @@ the module uses it. The structs mirror the header field for field; the tests
 compile a C program against the header and compare every size and offset."""
 import ctypes
 import os
-from ctypes import CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int, c_uint64, c_void_p
+from ctypes import (CFUNCTYPE, POINTER, Structure, c_char, c_char_p, c_int, c_size_t, c_uint64,
+                    c_void_p)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIBRARY = os.path.join(HERE, "lib", "libtpshard.so")
@@ -29,7 +30,7 @@ class CheckResult(Structure):
     _fields_ = [("tp", c_int), ("ranks_present", c_int), ("files_checked", c_int),
                 ("tensors_checked", c_uint64), ("bytes_checked", c_uint64),
                 ("missing_ranks", c_char * 256), ("complete", c_int),
-                ("headers_checked", c_int)]
+                ("headers_checked", c_int), ("pp", c_int), ("ranks", c_int)]
 
 
 class MergeOpts(Structure):
@@ -83,6 +84,10 @@ _SIGNATURES = {
     "tps_layout_spec_free": (None, [P]),
     "tps_layout_new_with": (c_int, [P, P, P, P, c_int, PP]),
     "tps_layout_new_ep": (c_int, [P, P, P, P, c_int, c_int, PP]),
+    "tps_layout_new_pp": (c_int, [P, P, P, P, c_int, c_int, c_int, P, PP]),
+    "tps_layout_spec_has_pipeline": (c_int, [P]),
+    "tps_pp_parse_layers": (c_int, [c_char_p, c_int, P, c_char_p, c_size_t]),
+    "tps_split_default_dir_pp": (c_int, [P, P, c_int, c_int, OUT]),
     "tps_layout_free": (None, [P]),
     "tps_layout_rejected": (c_char_p, [P]),
     "tps_split_default_dir": (c_int, [P, P, c_int, OUT]),

@@ -32,9 +32,19 @@ _TORCH = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "u
 
 def rank_files(dir: "os.PathLike[str] | str", rank: int) -> List[str]:
     """The paths of rank `rank`'s files in a split directory, in part order
-    (model-rank-{rank}-part-{p}.safetensors)."""
+    (model-rank-{rank}-part-{p}.safetensors; with pipeline stages, rank =
+    stage x tp + tp rank, model-pp-{stage}-tp-{tp rank}-part-{p}.safetensors)."""
     d = os.fspath(dir)
     pat = re.compile(rf"model-rank-{int(rank)}-part-(\d+)\.safetensors\Z")
+    try:
+        with open(os.path.join(d, "tpshard.json")) as f:
+            m = json.load(f)
+        tp, pp = int(m.get("tp", 1)), int(m.get("pp", 1))
+    except (OSError, ValueError, AttributeError):
+        tp, pp = 1, 1
+    if pp > 1:
+        pat = re.compile(rf"model-pp-{int(rank) // tp}-tp-{int(rank) % tp}-part-(\d+)"
+                         r"\.safetensors\Z")
     parts = []
     for name in os.listdir(d):
         m = pat.match(name)

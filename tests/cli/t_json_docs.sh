@@ -94,4 +94,13 @@ jrun "check of a flipped bit: error document" 1 check "$T/flip"
 jrun "verify of a flipped bit: ok false" 1 verify "$T/flip" --source "$L"
 jhas "the failing verify counts its failures" 'd["ok"] is False and d["summary"]["failed"] > 0'
 jrun "verify of a plain checkpoint: error document" 1 verify "$L"
+
+# Pipeline stages (--pp): the plan, split and check documents carry pp and the stages.
+jrun "plan --pp 2 with the vllm layout" 0 plan "$L" --tp 2 --pp 2 --layout vllm
+jhas "plan --pp: pp, stages, every worker's bytes, each tensor's stages" \
+  'd["pp"] == 2 and len(d["stages"]) == 2 and len(d["rank_bytes"]) == 4 and all(t["stages"] for t in d["tensors"])'
+jrun "split --pp 2" 0 split "$L" --tp 2 --pp 2 --layout vllm -o "$T/pp"
+jhas "split --pp: pp and four ranks' bytes" 'd["pp"] == 2 and len(d["rank_bytes"]) == 4'
+jrun "check of a --pp directory" 0 check "$T/pp"
+jhas "check --pp: pp 2, four ranks present" 'd["pp"] == 2 and d["ranks_present"] == 4'
 finish

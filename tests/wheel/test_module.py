@@ -353,6 +353,23 @@ def _():
     return "" if got["ranks_written"] == 1 else f"ranks='1': {got}"
 
 
+@test("split(pp=, layout='vllm') == split --pp --layout vllm, and rank_files() finds a worker's")
+def _():
+    m = os.path.join(CONF, "llama-tp4-uneven-vocab", "model")
+    a, b = os.path.join(TMP, "pp-py"), os.path.join(TMP, "pp-cli")
+    got = tpshard.split(m, 2, a, layout="vllm", pp=2)
+    want, _ = cli("split", m, "--tp", 2, "--pp", 2, "--layout", "vllm", "-o", b, "--json")
+    want["output"] = a
+    d = diff(got, want) or same_tree(a, b)
+    if d:
+        return d
+    names = [os.path.basename(p) for p in tpshard.rank_files(a, 3)]
+    if names != ["model-pp-1-tp-1-part-0.safetensors"]:
+        return f"rank_files(a, 3) = {names}"
+    doc = tpshard.plan(m, 2, layout="vllm", pp_layers=[1, 1])
+    return "" if doc["pp"] == 2 and len(doc["rank_bytes"]) == 4 else f"plan(pp_layers=): {doc}"
+
+
 @test("load_rank() without numpy or torch: says pip install tpshard[numpy] / tpshard[torch]")
 def _():
     d = os.path.join(TMP, "noframework")
