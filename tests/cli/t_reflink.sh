@@ -6,8 +6,8 @@
 # than the source's, also when the kernel refuses in the middle of a run). Each way writes the bytes a --copy split
 # writes; a source overwritten in place after a shared split leaves the split
 # intact (check passes, verify --source names the changed source); merge and
-# reshard share blocks the same way. Needs root and loop devices: skipped
-# otherwise.
+# reshard share blocks the same way; a source on FUSE is read with pread.
+# Needs root and loop devices (bindfs for FUSE): skipped otherwise.
 . "$TOP/tests/cli/lib.sh"
 
 skip_all() { echo "skip - reflink: $*"; finish; }
@@ -201,6 +201,21 @@ if mkdir -p "$T/tmpfs" && mount -t tmpfs -o size=64m tmpfs "$T/tmpfs" 2>/dev/nul
   fi
 else
   echo "skip - tmpfs: cannot mount a tmpfs here"
+fi
+# The read path follows the source's file system: on FUSE (bindfs) the
+# source is read with pread, said under -v; --mmap maps it all the same.
+if command -v bindfs >/dev/null 2>&1 && mkdir -p "$T/fuse" && bindfs "$T/m0" "$T/fuse" 2>/dev/null; then
+  MNT="$T/fuse $MNT"
+  expect_exit 0 "fuse source: split" -- tps split "$T/fuse" --tp 4 -o "$T/fo" -v
+  expect_stderr_has "(fuse): reading with pread, not through mappings" "-v says a FUSE source is read with pread"
+  expect_exit 0 "fuse source: split --mmap" -- tps split "$T/fuse" --tp 4 -o "$T/fo2" --mmap -v
+  grep -q "reading with pread" "$ERR" && notok "--mmap still reads a FUSE source with pread" ||
+    ok "--mmap maps a FUSE source"
+  same_files "$T/fo" "$T/fo2" && ok "fuse source: both write the same rank files" ||
+    notok "fuse source: pread and mapped splits differ"
+  expect_exit 0 "fuse source: check" -- tps check "$T/fo"
+else
+  echo "skip - fuse: no bindfs, or it cannot mount here (apt-get install bindfs)"
 fi
 cleanup
 trap - EXIT
