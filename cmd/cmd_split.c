@@ -7,7 +7,8 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ep] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] [--no-mmap] [--force] "
+    "[--ep] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
+    "[--mmap | --no-mmap] [--copy] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
     "Writes one safetensors file per tensor-parallel rank holding exactly the local\n"
@@ -38,7 +39,10 @@ const char usage_split[] =
     "                       tie_word_embeddings false in the copied config.json\n"
     "  --threads N          worker threads; default: all cores\n"
     "  --max-part-size SIZE split each rank into parts of at most SIZE of data (e.g. 5G)\n"
-    "  --no-mmap            read the source with pread instead of mapping it\n"
+    "  --mmap, --no-mmap    read the source through mappings even on NFS, FUSE, Lustre,\n"
+    "                       CIFS (default: mapped elsewhere), or always with pread\n"
+    "  --copy, --no-reflink copy every byte through tpshard: no blocks shared with the\n"
+    "                       source (XFS, btrfs), no copy_file_range\n"
     "  --force              replace an existing output in DIR\n"
     "  --dry-run            print the plan (as 'tpshard plan') and write nothing\n"
     "  --json               one JSON document on stdout\n"
@@ -53,7 +57,8 @@ int cmd_split(int argc, char **argv)
         {"layout", required_argument, 0, 'L'},
         {"ranks", required_argument, 0, 'r'},    {"threads", required_argument, 0, 'T'},
         {"max-part-size", required_argument, 0, 'm'}, {"force", no_argument, 0, 'F'},
-        {"no-mmap", no_argument, 0, 'M'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
+        {"no-mmap", no_argument, 0, 'M'},        {"mmap", no_argument, 0, 'A'},
+        {"copy", no_argument, 0, 'C'},           {"no-reflink", no_argument, 0, 'C'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
         {"untie", no_argument, 0, 'u'},         {"ep", no_argument, 0, 'E'},
         {"pp", required_argument, 0, 'P'},       {"pp-layers", required_argument, 0, 'Y'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
@@ -63,7 +68,7 @@ int cmd_split(int argc, char **argv)
     const char *pp_layers = NULL;
     int *stage_layers = NULL;
     uint64_t max_part = 0;
-    int force = 0, dry = 0, no_mmap = 0, untie = 0, ep = 0, c;
+    int force = 0, dry = 0, map = 1, plain = 0, untie = 0, ep = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "o:hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -82,7 +87,9 @@ int cmd_split(int argc, char **argv)
             if (cli_parse_size(usage_split, "--max-part-size", optarg, &max_part)) return 2;
             break;
         case 'F': force = 1; break;
-        case 'M': no_mmap = 1; break;
+        case 'M': map = 0; break;
+        case 'A': map = 2; break;
+        case 'C': plain = 1; break;
         case 'n': dry = 1; break;
         case 'u': untie = 1; break;
         case 'E': ep = 1; break;
@@ -184,7 +191,7 @@ int cmd_split(int argc, char **argv)
         out = outbuf;
     }
     tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out,
-                          .map_source = !no_mmap};
+                          .map_source = map, .plain_copy = plain};
     tps_split_result res;
     e = tps_split(ctx, ck, L, &so, &res);
     cli_progress_done();
@@ -192,7 +199,10 @@ int cmd_split(int argc, char **argv)
         status = cli_lib_error(ctx, e);
         goto done;
     }
-    char b1[32];
+    char b1[32], b2[32];
+    cli_info("%s of the %s written share blocks with the source, the rest copied (%s)",
+             cli_human(res.bytes_shared, b1, sizeof b1), cli_human(res.bytes_written, b2, sizeof b2),
+             res.copy);
     if (g_json) {
         char *doc = NULL;
         status = cli_print_doc(ctx, tps_split_json(ctx, L, &so, &res, &doc), &doc);

@@ -90,6 +90,42 @@ int tps_out_claim(tps_ctx *ctx, const char *dir, int shared, tps_err *rc);
 void tps_out_release(const char *dir, int fd, int shared);
 tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir);
 
+/* ------------------------------------------------------------------ kernel copies (kcopy.c) */
+
+/* How an output directory takes runs of a source file's bytes, best first. */
+enum { TPS_KC_USER = 0, /* through user space: pwrite from a buffer or a mapping */
+       TPS_KC_RANGE = 1, /* copy_file_range, where it is the file system's own copy */
+       TPS_KC_CLONE = 2 /* FICLONERANGE for whole blocks, copy_file_range for the ends */ };
+typedef struct {
+    int mode;      /* TPS_KC_*: lowered, atomically, when the kernel refuses during a run */
+    uint32_t blk;  /* the output file system's block size: what clones must be aligned to */
+    char fs[32];   /* its name, for messages ("xfs") */
+    uint64_t shared; /* bytes cloned (atomic) */
+    int native;      /* copy_file_range is the file system's own copy (NFS 4.2, SMB, Ceph) */
+    int can_clone;   /* the probe cloned: the output is laid out for shared blocks (also
+                      * with --copy, so that --copy changes how bytes move, not which) */
+} tps_kcopy;
+/* Probes, with a temporary file in out_dir, whether it shares blocks with
+ * the file src_fd or copies from it itself (NFS 4.2, SMB, Ceph); plain (--copy) sets
+ * TPS_KC_USER. Says what it found at TPS_LOG_INFO (-v). Never fails: at
+ * worst TPS_KC_USER. */
+void tps_kcopy_probe(tps_ctx *ctx, tps_kcopy *K, int src_fd, const char *out_dir, int plain);
+/* Copies len bytes at in_off of in_fd to out_off of out_fd as K->mode says;
+ * *done 0 when K says user space or the kernel refused (K lowered): the
+ * caller writes the bytes itself, perhaps over a part already copied. An
+ * error of the copy (EIO, ENOSPC) names both files. */
+tps_err tps_kcopy_range(tps_ctx *ctx, tps_kcopy *K, int in_fd, const char *in_path,
+                        uint64_t in_off, int out_fd, const char *out_path, uint64_t out_off,
+                        uint64_t len, int *done);
+/* Bytes of [in_off, in_off + len) in whole blocks of blk, when out_off
+ * stands at the same offset modulo blk (else 0): what a clone shares. */
+uint64_t tps_kcopy_shareable(uint64_t in_off, uint64_t out_off, uint64_t len, uint32_t blk);
+const char *tps_kcopy_mode_name(int mode); /* "reflink", "copy_file_range", "write" */
+/* The file system's name when reading fd through a mapping is unsafe or
+ * slow there (NFS, FUSE, Lustre, CIFS/SMB, Ceph, AFS, 9p: a page can vanish
+ * or each fault is a round trip), written into name; NULL otherwise. */
+const char *tps_fs_unmappable(int fd, char *name, size_t len);
+
 /* ------------------------------------------------------------------ JSON helpers */
 
 /* Parse with a nesting bound; errors name label and the byte position. */
@@ -246,6 +282,9 @@ void tps_st_drop_meta(tps_st *st);
  * Returns the full prefix (8-byte length + padded header) in *hdr. */
 tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
                             const char *const *mvals, size_t nmeta, char **hdr, size_t *hdr_len);
+/* extra more trailing spaces in a header tps_st_build_header made (valid
+ * safetensors: the JSON may end in spaces), its length prefix rewritten. */
+tps_err tps_st_pad_header(tps_ctx *ctx, char **hdr, size_t *hdr_len, size_t extra);
 
 /* A refined scale grid (vLLM's FP8 experts, refine_fp8_moe_block_shape):
  * the region's elements written rep_n times along rows and rep_k times
@@ -425,6 +464,9 @@ extern size_t tps_split_map_min;
 
 /* Where bytes [off, off+len) of tensor i lie when they are one run of one
  * file: 1 and *file, *foff set; 0 when they span pieces. */
+/* How many bytes of tensor i from off on lie back to back in one file (0:
+ * none, e.g. a widened piece), and where they start. */
+uint64_t tps_ckpt_run(const tps_ckpt *ck, size_t i, uint64_t off, int *file, uint64_t *foff);
 int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
                     uint64_t *foff);
 
@@ -967,6 +1009,22 @@ int tps_layer_of_name(const char *name);
 
 /* torch.chunk / DTensor Shard: rank r's [start, start+len) of n over tp. */
 void tps_chunk(uint64_t n, int tp, int r, uint64_t *start, uint64_t *len);
+
+/* ------------------------------------------------------------------ alignment (split/align.c) */
+
+/* A run of source bytes a rank file holds: at absolute offset src of its
+ * source file, at offset dst of the rank file's data section. */
+typedef struct {
+    uint64_t src, dst, len;
+} tps_align_run;
+#define TPS_SHARE_BLOCK 4096 /* the block plan --json reports sharing for (XFS, btrfs) */
+/* The data offset, at least h_min (a multiple of 8, as the result is) and
+ * below h_min + blk, that puts the most bytes of the runs at their source
+ * offset modulo blk (whole blocks, what clones share: *shared); of equals
+ * the smallest; h_min itself unless another shares min_gain bytes more.
+ * h_min when blk is not a power of two of 8 or more. */
+uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min, uint32_t blk,
+                               uint64_t min_gain, uint64_t *shared);
 
 /* ------------------------------------------------------------------ manifest */
 

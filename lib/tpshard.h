@@ -349,7 +349,10 @@ typedef struct {
     uint64_t max_part_size;     /* 0 = one part per rank */
     int force;                  /* replace an existing output */
     const char *out_dir;
-    int map_source;             /* read the source through mappings (see below) */
+    int map_source;             /* 0: pread; 1: mappings where the source's file system
+                                   allows them safely (see below); 2: mappings anywhere */
+    int plain_copy;             /* every byte through this process (no clone, no
+                                   copy_file_range): split --copy */
 } tps_split_opts;
 
 typedef struct {
@@ -357,6 +360,9 @@ typedef struct {
     uint64_t bytes_read;
     int files_written;
     int ranks_written;
+    uint64_t bytes_shared;      /* of bytes_written, in blocks shared with the source */
+    const char *copy;           /* how runs of the source were written: "reflink",
+                                   "copy_file_range" or "write" (static) */
 } tps_split_result;
 
 /* split --ranks auto: this process's share of the ranks, from the variables
@@ -385,11 +391,25 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
 
 /* Writes every selected rank's files and the manifest under o->out_dir.
  *
+ * Runs of source bytes (whole tensors, row ranges) go to the rank files
+ * the best way the output directory's file system takes them, decided once
+ * by a probe there (unless o->plain_copy): FICLONERANGE shares their whole
+ * blocks with the source where the file system shares blocks (XFS, btrfs;
+ * each rank file's header is then padded with spaces so that its tensors lie
+ * at their source offsets modulo the block size), copy_file_range copies
+ * them where it is the file system's own copy (NFS 4.2, SMB, Ceph: on the
+ * server), and the copies below elsewhere (ext4, tmpfs: their
+ * copy_file_range is the kernel's generic copy, slower than one copy from a
+ * mapping). CRCs are of the source bytes copied, read after the copy.
+ * Strided pieces are always copied below.
+ *
  * By default source bytes are read with pread into buffers. With
  * o->map_source (what the tpshard command does unless --no-mmap), copy
  * tasks of 256 KiB or more read through short-lived read-only mappings of
  * their range instead, so each byte is copied once from the page cache to
- * the output. While such a split runs, a SIGBUS handler is installed and
+ * the output; 1 keeps pread for a source on NFS, FUSE, Lustre, CIFS/SMB,
+ * Ceph, AFS or 9p, where a mapping is unsafe or slow (said at
+ * TPS_LOG_INFO), 2 maps there too. While such a split runs, a SIGBUS handler is installed and
  * the copy threads have SIGBUS unblocked: a source truncated by another
  * process then fails the split with TPS_E_FORMAT instead of killing the
  * program, and any other SIGBUS is handled as the action it replaced would
@@ -410,6 +430,15 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
  * the writer's pid. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
+
+/* What a split of L into a directory whose file system shares blocks with
+ * the source (XFS with reflink, btrfs), block bytes to a block, would share
+ * (*shared) and copy (*copied: the rest of the rank files, headers
+ * included), with the header padding tps_split would choose there. Writes
+ * nothing. TPS_E_REJECT when the layout rejects the model. */
+tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
+                          uint64_t max_part_size, uint32_t block, uint64_t *shared,
+                          uint64_t *copied);
 
 /* ------------------------------------------------------------------ check / merge */
 
@@ -438,6 +467,7 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res);
 typedef struct {
     const char *out_dir;
     int force;
+    int plain_copy; /* every byte through this process (merge --copy); else as tps_split */
 } tps_merge_opts;
 tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *files_written);
 

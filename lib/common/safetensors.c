@@ -827,3 +827,20 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
     *hdr_len = b.len;
     return TPS_OK;
 }
+
+tps_err tps_st_pad_header(tps_ctx *ctx, char **hdr, size_t *hdr_len, size_t extra)
+{
+    if (!extra) return TPS_OK;
+    uint64_t N = *hdr_len - 8 + extra;
+    if (N > TPS_MAX_HEADER)
+        return tps_fail(ctx, TPS_E_NOMEM, "safetensors header of %llu bytes is over the limit",
+                        (unsigned long long)N);
+    char *p = realloc(*hdr, *hdr_len + extra + 1);
+    if (!p) return tps_fail(ctx, TPS_E_NOMEM, "out of memory padding a safetensors header");
+    memset(p + *hdr_len, ' ', extra);
+    p[*hdr_len + extra] = 0;
+    for (int i = 0; i < 8; i++) p[i] = (char)((N >> (8 * i)) & 0xFF);
+    *hdr = p;
+    *hdr_len += extra;
+    return TPS_OK;
+}

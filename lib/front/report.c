@@ -524,6 +524,19 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     for (int r = 0; r < nr; r++) jw_uint(&w, tps_layout_rank_bytes(L, r));
     jw_end(&w);
     if (target) json_rank_tensors(&w, L);
+    /* what a split shares where the output's file system shares blocks */
+    uint64_t shared, copied;
+    jw_key(&w, "sharing");
+    if (!L->rejected && L->rank_rt &&
+        tps_split_sharing(ctx, L->ck, L, 0, TPS_SHARE_BLOCK, &shared, &copied) == TPS_OK) {
+        jw_obj(&w);
+        jw_kuint(&w, "block_size", TPS_SHARE_BLOCK);
+        jw_kuint(&w, "bytes_shared", shared);
+        jw_kuint(&w, "bytes_copied", copied);
+        jw_end(&w);
+    } else {
+        jw_null(&w);
+    }
     jw_kuint(&w, "source_bytes", total);
     jw_knum(&w, "replication_overhead", overhead);
     return jw_finish(ctx, &w, out);
@@ -583,6 +596,9 @@ tps_err tps_split_json(tps_ctx *ctx, const tps_layout *L, const tps_split_opts *
     jw_kint(&w, "ranks_written", res->ranks_written);
     jw_kint(&w, "files_written", res->files_written);
     jw_kuint(&w, "bytes_written", res->bytes_written);
+    jw_kuint(&w, "bytes_shared", res->bytes_shared);
+    jw_kuint(&w, "bytes_copied", res->bytes_written - res->bytes_shared);
+    jw_kstr(&w, "copy", res->copy ? res->copy : "write");
     jw_key(&w, "rank_bytes");
     jw_arr(&w);
     for (int r = 0; r < L->nranks; r++)

@@ -525,6 +525,18 @@ tps_err tps_ckpt_read(tps_ctx *ctx, const tps_ckpt *ck, size_t i, uint64_t off, 
     return TPS_OK;
 }
 
+uint64_t tps_ckpt_run(const tps_ckpt *ck, size_t i, uint64_t off, int *file, uint64_t *foff)
+{
+    const tps_ctensor *t = &ck->t[i];
+    uint64_t poff, run;
+    if (t->npieces == 0 || off >= t->nbytes) return 0;
+    int p = find_piece(t, off, &poff, &run);
+    if (p < 0 || t->pieces[p].fbytes != t->pieces[p].nbytes) return 0;
+    *file = t->pieces[p].file;
+    *foff = t->pieces[p].off + poff;
+    return run;
+}
+
 int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, int *file,
                     uint64_t *foff)
 {

@@ -395,7 +395,25 @@ static tps_err original_header(tps_ctx *ctx, const tps_ckpt *ck, const char *ori
     return TPS_OK;
 }
 
-static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *out_dir)
+/* Bytes [off, off + *len) of tensor k, at out_off of the merged file, by the
+ * kernel where K allows (*done; *len cut to the run that lies in one rank
+ * file, and where clones share blocks to end on a source block). */
+static tps_err merge_kcopy(tps_ctx *ctx, const tps_ckpt *ck, tps_kcopy *K, size_t i, uint64_t off,
+                           size_t *len, int fd, const char *final, uint64_t out_off, int *done)
+{
+    int file;
+    uint64_t foff, run = tps_ckpt_run(ck, i, off, &file, &foff);
+    *done = 0;
+    /* a row's slice of a strided piece is copied with its neighbours below */
+    if (run < (64u << 10) || K->mode == TPS_KC_USER) return TPS_OK;
+    if (run < *len) *len = (size_t)run;
+    if (K->mode == TPS_KC_CLONE && (foff + *len) % K->blk < *len) *len -= (foff + *len) % K->blk;
+    return tps_kcopy_range(ctx, K, ck->files[file].fd, ck->files[file].path, foff, fd, final,
+                           out_off, *len, done);
+}
+
+static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *out_dir,
+                          tps_kcopy *K)
 {
     tps_err rc = TPS_OK;
     size_t n = 0;
@@ -446,11 +464,15 @@ static tps_err merge_file(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, 
             if (failed) continue;
             tps_err e = buf ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
             const tps_ctensor *t = &ck->t[map[k]];
-            for (uint64_t off = 0; !e && off < t->nbytes; off += CHUNK) {
+            for (uint64_t off = 0; !e && off < t->nbytes;) {
                 size_t len = (size_t)(t->nbytes - off < CHUNK ? t->nbytes - off : CHUNK);
+                int done = 0;
                 e = ctx->interrupted ? tps_fail(ctx, TPS_E_INTERRUPTED, "interrupted")
-                                     : tps_ckpt_read(ctx, ck, map[k], off, buf, len);
-                if (!e) e = tps_pwrite_full(ctx, fd, final, buf, len, hlen + ent[k].offset + off);
+                                     : merge_kcopy(ctx, ck, K, map[k], off, &len, fd, final,
+                                                   hlen + ent[k].offset + off, &done);
+                if (!e && !done) e = tps_ckpt_read(ctx, ck, map[k], off, buf, len);
+                if (!e && !done) e = tps_pwrite_full(ctx, fd, final, buf, len, hlen + ent[k].offset + off);
+                off += len;
             }
             if (e) {
 #pragma omp critical
@@ -600,8 +622,11 @@ tps_err tps_merge(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, int *f
                     strerror(errno));
         made_dir = 1;
     }
+    /* Runs of the rank files go back as split wrote them: shared, or copied by the file system */
+    tps_kcopy K;
+    tps_kcopy_probe(ctx, &K, ck->nfiles ? ck->files[0].fd : -1, o->out_dir, o->plain_copy);
     for (size_t i = 0; i < ck->norigins; i++) {
-        TPS_CHECK(merge_file(ctx, ck, ck->origins[i], o->out_dir));
+        TPS_CHECK(merge_file(ctx, ck, ck->origins[i], o->out_dir, &K));
         merged = i + 1;
         if (files_written) (*files_written)++;
     }

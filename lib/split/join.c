@@ -249,6 +249,8 @@ tps_err tps_sp_space_check(tps_ctx *ctx, const engine *E, const char *dir)
         struct stat sb;
         if (stat(E->files[i].final, &sb) == 0) replaced += (uint64_t)sb.st_size;
     }
+    /* blocks shared with the source take no space (with --copy they are written all the same) */
+    if (E->kc.mode == TPS_KC_CLONE) need -= E->shareable < need ? E->shareable : need;
     uint64_t avail = (uint64_t)sv.f_bavail * sv.f_frsize + replaced;
     if (need > avail)
         return tps_fail(ctx, TPS_E_NOSPACE,

@@ -143,13 +143,21 @@ static tps_err plan_tasks(engine *E)
             }
         }
         if (outer == 1 || l == row) {
-            /* One run of the source: [s, s + l) of the only row, or whole rows. */
+            /* One run of the source: [s, s + l) of the only row, or whole rows.
+             * Where clones share blocks, tasks after the first start on a
+             * source block, so no block is cut between two tasks. */
+            uint64_t skew = 0, fo;
+            int fl;
+            if (E->kc.mode == TPS_KC_CLONE && tps_ckpt_run(E->ck, rg->src, s, &fl, &fo))
+                skew = fo % E->kc.blk;
             if (region_written(E, g))
-                for (uint64_t a = 0; a < rg->nbytes; a += CHUNK) {
-                    uint64_t b = a + CHUNK < rg->nbytes ? a + CHUNK : rg->nbytes;
+                for (uint64_t a = 0; a < rg->nbytes;) {
+                    uint64_t b = a + CHUNK - (a ? 0 : skew);
+                    if (b > rg->nbytes) b = rg->nbytes;
                     TPS_TRY(add_task(E, (task){.kind = TASK_CONTIG, .t = rg->src, .g0 = g, .ng = 1,
-                                               .a = a, .b = b, .src = s + a}, 1));
+                                               .a = a, .b = b, .src = s + a, .run = 1}, 1));
                     E->total += b - a;
+                    a = b;
                 }
             g++;
             continue;
@@ -278,6 +286,67 @@ static tps_err write_mapped(engine *E, size_t pi, const char *p, size_t len, uin
     return rc;
 }
 
+/* Bytes [off, off + len) of region g, lying at foff of source file `file`,
+ * copied by the kernel into every rank file that holds the region (*done),
+ * or left to the caller (*done 0: a piece is widened, or the kernel refused;
+ * the caller then writes them all, over whatever was copied). */
+static tps_err kcopy_region(engine *E, size_t g, int file, uint64_t foff, uint64_t len,
+                            uint64_t off, int *done)
+{
+    const tps_layout *L = E->L;
+    tps_dtype sd = E->ck->t[L->regions[g].src].dtype;
+    const tps_cfile *sf = &E->ck->files[file];
+    *done = 0;
+    for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
+        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd) return TPS_OK;
+    for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) {
+        const tps_lpiece *p = &L->pieces[E->dests[d]];
+        const oslot *s = &E->slots[E->piece_rt[E->dests[d]]];
+        const ofile *f = &E->files[s->file];
+        TPS_TRY(tps_kcopy_range(E->ctx, &E->kc, sf->fd, sf->path, foff, f->fd, f->final,
+                                s->off + p->at + off, len, done));
+        if (!*done) return TPS_OK;
+    }
+    return TPS_OK;
+}
+
+/* A CONTIG task through the kernel's copies (*done; else the caller copies
+ * it as before). Its CRC is taken from the source bytes it copied, read
+ * after the copy: a clone shares them and a kernel copy copied them, so they
+ * are the bytes the rank file holds, unless the source changed in between,
+ * and then the recheck at the end fails the split. copy_file_range goes in
+ * sub-chunks, so the CRC finds in cache what the kernel just read; a clone
+ * reads nothing and goes whole. */
+static tps_err kcopy_contig(engine *E, const task *tk, const char *src, char *in, int *done)
+{
+    uint64_t len = tk->b - tk->a, step = E->kc.mode == TPS_KC_CLONE ? len : SUB;
+    uint32_t crc = 0;
+    *done = 0;
+    for (uint64_t a = 0, n; a < len; a += n) {
+        /* a run of a resharded source may lie in two rank files */
+        uint64_t foff, run;
+        int file;
+        run = tps_ckpt_run(E->ck, tk->t, tk->src + a, &file, &foff);
+        if (!run) return TPS_OK;
+        n = len - a < step ? len - a : step;
+        if (run < n) n = run;
+        TPS_TRY(kcopy_region(E, tk->g0, file, foff, n, tk->a + a, done));
+        if (!*done) return TPS_OK;
+        if (src) {
+            crc = tps_crc32(crc, src + a, (size_t)n);
+            continue;
+        }
+        for (uint64_t b = 0; b < n; b += SUB) {
+            size_t m = (size_t)(n - b < SUB ? n - b : SUB);
+            TPS_TRY(tps_ckpt_read(E->ctx, E->ck, tk->t, tk->src + a + b, in, m));
+            crc = tps_crc32(crc, in, m);
+        }
+    }
+    E->crcs[tk->crc0] = crc;
+    E->crclen[tk->crc0] = len;
+    return TPS_OK;
+}
+
 /* Copies l bytes of each of n rows `row` bytes apart to out, back to back.
  * The slices of small rows (an expert's down_proj split by columns: 32
  * bytes a row at tp 8) are copied with moves of a size the compiler knows,
@@ -318,6 +387,7 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
             TPS_TRY(tps_pread_full(ctx, sf->fd, sf->path, in, (size_t)tk->b, tk->src));
             p = in;
         }
+        const char *const base = p;
         for (size_t k = 0; k < tk->ng; k++) {
             size_t g = tk->g0 + k;
             const tps_region *rg = &L->regions[g];
@@ -334,6 +404,16 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
                     TPS_TRY(write_piece(E, E->dests[d], out, n, 0));
                 if (k + 1 == tk->ng || L->regions[g + 1].src != rg->src) p += outer * row;
                 continue;
+            }
+            if (E->kc.mode != TPS_KC_USER) {
+                /* the CRC from the bytes read: those the kernel copied (see kcopy_contig) */
+                int done;
+                TPS_TRY(kcopy_region(E, g, tk->file, tk->src + (uint64_t)(p - base), n, 0, &done));
+                if (done) {
+                    E->crcs[tk->crc0 + k] = (uint32_t)tps_crc32(0, p, n);
+                    p += n;
+                    continue;
+                }
             }
             if (src && E->dest0[g + 1] - E->dest0[g] == 1) {
                 /* One rank from a mapping: the write first, as CONTIG does
@@ -359,6 +439,11 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
          * rank and the CRC get the same bytes if the source changes
          * meanwhile (the final recheck then fails the split anyway). */
         size_t g = tk->g0, d0 = E->dest0[g], nd = E->dest0[g + 1] - d0;
+        if (tk->run && E->kc.mode != TPS_KC_USER) {
+            int done;
+            TPS_TRY(kcopy_contig(E, tk, src, in, &done));
+            if (done) return TPS_OK;
+        }
         uint32_t crc = 0;
         for (uint64_t a = tk->a; a < tk->b; a += SUB) {
             size_t len = (size_t)(tk->b - a < SUB ? tk->b - a : SUB);
@@ -660,6 +745,7 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
                             "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target, sr, ss};
         rc = tps_st_build_header(ctx, pe, m, mk, mv, L->pp > 1 ? 11 : 9, hdr, &f->hdr_len);
     }
+    if (!rc) rc = tps_st_pad_header(ctx, hdr, &f->hdr_len, f->pad);
     if (!rc) {
         f->size = f->hdr_len;
         for (size_t k = 0; k < m; k++) {
@@ -746,6 +832,22 @@ out:
     return rc;
 }
 
+/* Where the output shares blocks with the source: each file's header padded
+ * so that its runs of source bytes line up with the source's blocks
+ * (align.c chooses), and its tensors placed again after it. */
+static tps_err align_files(engine *E)
+{
+    TPS_TRY(tps_sp_align(E));
+    for (size_t i = 0; i < E->nfiles; i++) {
+        if (!E->files[i].pad) continue;
+        char *hdr = NULL;
+        tps_err rc = file_header(E, i, &hdr);
+        free(hdr);
+        TPS_TRY(rc);
+    }
+    return TPS_OK;
+}
+
 /* The rank files created under their temporary names, their headers
  * written, and sized. */
 static tps_err write_headers(engine *E)
@@ -773,6 +875,27 @@ static tps_err write_headers(engine *E)
     }
 out:
     return rc;
+}
+
+static void engine_free(engine *E, int failed)
+{
+    for (size_t i = 0; i < E->nfiles; i++) {
+        ofile *f = &E->files[i];
+        if (f->fd >= 0) close(f->fd);
+        if (failed && f->tmp && *f->tmp) unlink(f->tmp);
+        free(f->final);
+        free(f->tmp);
+    }
+    free(E->files);
+    free(E->slots);
+    free(E->dests);
+    free(E->dest0);
+    free(E->region_crc);
+    free(E->piece_rt);
+    free(E->tasks);
+    free(E->crcs);
+    free(E->crclen);
+    cJSON_Delete(E->prev);
 }
 
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
@@ -813,16 +936,26 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (!any) goto out;
     E.join = o->ranks != NULL;
     TPS_CHECK(tps_sp_prepare_dir(&E, o));
+    tps_kcopy_probe(ctx, &E.kc, ck->nfiles ? ck->files[0].fd : -1, o->out_dir, o->plain_copy);
     TPS_CHECK(build_files(&E, o));
     TPS_CHECK(index_dests(&E));
+    if (E.kc.can_clone) TPS_CHECK(align_files(&E));
     TPS_CHECK(plan_tasks(&E));
     TPS_CHECK(tps_sp_space_check(ctx, &E, o->out_dir));
     TPS_CHECK(write_headers(&E));
     TPS_CHECK(write_constants(&E));
-    /* Mapped reads when asked for and the SIGBUS guard can be set. */
+    /* Mapped reads when asked for, the source's file system allows them
+     * and the SIGBUS guard can be set. */
     long pg = sysconf(_SC_PAGESIZE);
     E.page = pg > 0 ? (size_t)pg : 4096;
-    E.map = o->map_source && pg > 0 && tps_guard_hold();
+    char fsn[32];
+    const char *unm = NULL;
+    for (size_t i = 0; o->map_source == 1 && !unm && i < ck->nfiles; i++)
+        unm = tps_fs_unmappable(ck->files[i].fd, fsn, sizeof fsn);
+    if (unm)
+        tps_log(ctx, TPS_LOG_INFO, "%s (%s): reading with pread, not through mappings (unsafe or "
+                "slow there; --mmap maps it anyway)", ck->path, unm);
+    E.map = o->map_source && !unm && pg > 0 && tps_guard_hold();
     run_all(&E);
     if (E.map) tps_guard_release();
     if (E.failed) {
@@ -864,27 +997,41 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;
         res->bytes_read = E.done;
         res->files_written = (int)E.nfiles;
+        res->bytes_shared = E.kc.shared;
+        res->copy = tps_kcopy_mode_name(E.kc.mode);
         for (int r = 0; r < L->nranks; r++) res->ranks_written += all[r];
     }
 out:
-    for (size_t i = 0; i < E.nfiles; i++) {
-        ofile *f = &E.files[i];
-        if (f->fd >= 0) close(f->fd);
-        if (rc && f->tmp && *f->tmp) unlink(f->tmp);
-        free(f->final);
-        free(f->tmp);
-    }
-    free(E.files);
-    free(E.slots);
-    free(E.dests);
-    free(E.dest0);
-    free(E.region_crc);
-    free(E.piece_rt);
-    free(E.tasks);
-    free(E.crcs);
-    free(E.crclen);
-    cJSON_Delete(E.prev);
+    engine_free(&E, rc != TPS_OK);
     free(all);
     tps_out_release(o->out_dir, E.wfd, E.join);
+    return rc;
+}
+
+tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
+                          uint64_t max_part_size, uint32_t block, uint64_t *shared,
+                          uint64_t *copied)
+{
+    tps_err rc = TPS_OK;
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
+    tps_split_opts o = {.out_dir = ".", .max_part_size = max_part_size};
+    unsigned char *all = tps_xcalloc((size_t)L->nranks, 1);
+    *shared = *copied = 0;
+    TPS_FAIL_IF(!L->rank_rt || L->rejected, ctx, TPS_E_REJECT,
+                "split: the layout rejects the model");
+    E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
+    TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
+    memset(all, 1, (size_t)L->nranks);
+    E.write = all;
+    E.kc = (tps_kcopy){.mode = TPS_KC_CLONE, .blk = block, .can_clone = 1};
+    TPS_CHECK(build_files(&E, &o));
+    TPS_CHECK(index_dests(&E));
+    TPS_CHECK(align_files(&E));
+    for (size_t i = 0; i < E.nfiles; i++) *copied += E.files[i].size;
+    *shared = E.shareable;
+    *copied -= E.shareable;
+out:
+    engine_free(&E, 0);
+    free(all);
     return rc;
 }

@@ -14,6 +14,7 @@ typedef struct {
     int nparts;      /* of its rank */
     size_t hdr_len;
     uint32_t hdr_crc; /* of the hdr_len bytes written: the manifest covers them */
+    size_t pad;      /* spaces after the header's JSON that align its tensors (align.c) */
     uint64_t size;
 } ofile;
 
@@ -39,6 +40,7 @@ typedef struct {
     uint64_t a, b;
     uint64_t src;    /* CONTIG: source byte of a */
     int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
+    int run;         /* CONTIG: the region is one run of its source: the kernel may copy it */
     int file;        /* MULTI: the source file */
     size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
 } task;
@@ -70,11 +72,16 @@ typedef struct {
     cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
     int map;         /* read the source through per-task mappings */
     size_t page;
+    tps_kcopy kc;    /* how the output takes runs of the source (kcopy.c) */
+    uint64_t shareable; /* bytes the alignment lets the rank files share (CLONE) */
 } engine;
 
 /* manifest.c: DIR/tpshard.json, written whole under a temporary name and
  * renamed into place; a --ranks run's holds the entries of E->prev's ranks. */
 tps_err tps_sp_write_manifest(engine *E, const tps_split_opts *o, const char *plan_source);
+
+/* align.c: every file's pad, for E->kc.blk, and E->shareable. */
+tps_err tps_sp_align(engine *E);
 
 /* join.c: the output directory */
 /* Made when missing, claimed, and refused (or, --force, replaced) when it

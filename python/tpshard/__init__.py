@@ -418,7 +418,7 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
           untie: bool = False, ep: bool = False, pp: Optional[int] = None,
           pp_layers: Union[str, Iterable[int], None] = None, threads: Optional[int] = None,
           max_part_size: Union[int, str, None] = None, no_mmap: bool = False,
-          force: bool = False, dry_run: bool = False,
+          copy: bool = False, force: bool = False, dry_run: bool = False,
           progress: Optional[Progress] = None) -> Dict[str, Any]:
     """Write one safetensors file per tensor-parallel rank
     (``tpshard split MODEL --tp N -o DIR --json``).
@@ -465,7 +465,10 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
         threads: worker threads; default: all cores.
         max_part_size: split each rank into parts of at most this much tensor
             data: bytes (int) or a size such as "5G", "512M".
-        no_mmap: read the source with pread instead of mapping it.
+        no_mmap: read the source with pread instead of mapping it (by
+            default it is mapped except on NFS, FUSE, Lustre, CIFS/SMB).
+        copy: copy every byte through the library (split --copy): no blocks
+            shared with the source (XFS, btrfs), no copy_file_range.
         force: replace an existing tpshard output in output.
         dry_run: write nothing; return what plan() returns.
         progress: called as progress(done, total, tensor) with the bytes
@@ -475,8 +478,10 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
 
     Returns:
         The document: ok, schema_version, model, output, plan, layout, target,
-        tp, pp, stages, ep, ranks_written, files_written, bytes_written and rank_bytes (the
-        tensor bytes of each rank; 0 for ranks not written).
+        tp, pp, stages, ep, ranks_written, files_written, bytes_written,
+        bytes_shared, bytes_copied, copy (reflink, copy_file_range or write)
+        and rank_bytes (the tensor bytes of each rank; 0 for ranks not
+        written).
 
     Raises:
         tpshard.Error: malformed input, a rejected split (REJECT), an output
@@ -500,7 +505,8 @@ def split(model: PathLike, tp: int, output: Optional[PathLike] = None, *,
         else:
             out_dir = _path(output, "output")
         opts = _lib.SplitOpts(tp=tp, ranks=mask, max_part_size=part, force=int(bool(force)),
-                              out_dir=out_dir, map_source=int(not no_mmap))
+                              out_dir=out_dir, map_source=int(not no_mmap),
+                              plain_copy=int(bool(copy)))
         res = _lib.SplitResult()
         c.run(lib.tps_split, ck, L, ctypes.byref(opts), ctypes.byref(res))
         return c.doc(lib.tps_split_json, L, ctypes.byref(opts), ctypes.byref(res))
@@ -536,7 +542,8 @@ def check(dir: PathLike) -> Dict[str, Any]:
         return c.doc(lib.tps_check_json, d, ctypes.byref(r))
 
 
-def merge(dir: PathLike, output: PathLike, *, force: bool = False) -> Dict[str, Any]:
+def merge(dir: PathLike, output: PathLike, *, force: bool = False,
+          copy: bool = False) -> Dict[str, Any]:
     """Reassemble the full checkpoint from a split directory
     (``tpshard merge DIR -o OUT --json``).
 
@@ -549,6 +556,8 @@ def merge(dir: PathLike, output: PathLike, *, force: bool = False) -> Dict[str, 
         dir: a directory tpshard split wrote, with every rank present.
         output: the output directory.
         force: replace existing files in output.
+        copy: copy every byte through the library (merge --copy), instead
+            of sharing blocks with the rank files or copy_file_range.
 
     Returns:
         The document: ok, schema_version, dir, output and files_written.
@@ -560,7 +569,8 @@ def merge(dir: PathLike, output: PathLike, *, force: bool = False) -> Dict[str, 
     """
     with _Call() as c:
         d = _path(dir, "dir")
-        opts = _lib.MergeOpts(out_dir=_path(output, "output"), force=int(bool(force)))
+        opts = _lib.MergeOpts(out_dir=_path(output, "output"), force=int(bool(force)),
+                              plain_copy=int(bool(copy)))
         files = ctypes.c_int()
         c.run(lib.tps_merge, d, ctypes.byref(opts), ctypes.byref(files))
         return c.doc(lib.tps_merge_json, d, ctypes.byref(opts), files.value)

@@ -16,12 +16,14 @@ BACKENDS = {"cpu": 0, "cuda": 1, "nccl": 2}
 
 class SplitOpts(Structure):
     _fields_ = [("tp", c_int), ("ranks", POINTER(ctypes.c_ubyte)), ("max_part_size", c_uint64),
-                ("force", c_int), ("out_dir", c_char_p), ("map_source", c_int)]
+                ("force", c_int), ("out_dir", c_char_p), ("map_source", c_int),
+                ("plain_copy", c_int)]
 
 
 class SplitResult(Structure):
     _fields_ = [("bytes_written", c_uint64), ("bytes_read", c_uint64),
-                ("files_written", c_int), ("ranks_written", c_int)]
+                ("files_written", c_int), ("ranks_written", c_int),
+                ("bytes_shared", c_uint64), ("copy", c_char_p)]
 
 
 class CheckResult(Structure):
@@ -32,7 +34,7 @@ class CheckResult(Structure):
 
 
 class MergeOpts(Structure):
-    _fields_ = [("out_dir", c_char_p), ("force", c_int)]
+    _fields_ = [("out_dir", c_char_p), ("force", c_int), ("plain_copy", c_int)]
 
 
 class VerifyOpts(Structure):

@@ -72,7 +72,8 @@ both "reshard tp 8 -> 2" "$T/s8" --tp 2
 
 # The command maps by default: bytes it read(2)/pread(2) (rchar of
 # /proc/PID/io, read before the child is reaped) stay far below the input's
-# size, where --no-mmap reads all of it.
+# size, where --no-mmap reads all of it. --copy in both: rchar also counts
+# the bytes copy_file_range copies, and this is about the read path.
 rchar() { # ARGS...: prints the rchar of `tpshard ARGS...`
   python3 - "$TPSHARD" "$@" <<'PY'
 import os, subprocess, sys
@@ -86,8 +87,8 @@ PY
 if [ -r /proc/self/io ]; then
   size=$(cat "$T/big/model.safetensors" | wc -c)
   rm -rf "$T/a" "$T/b"
-  ra=$(rchar split "$T/big" --tp 2 -o "$T/a" -q)
-  rb=$(rchar split "$T/big" --tp 2 -o "$T/b" -q --no-mmap)
+  ra=$(rchar split "$T/big" --tp 2 -o "$T/a" -q --copy)
+  rb=$(rchar split "$T/big" --tp 2 -o "$T/b" -q --no-mmap --copy)
   if [ "$ra" -ge 0 ] && [ "$rb" -ge "$size" ] && [ $((ra * 2)) -lt "$size" ]; then
     ok "split maps by default (read $ra bytes of $size; --no-mmap read $rb)"
   else
