@@ -10,7 +10,8 @@
 #                  on the GPU machine fails (run.sh says so);
 #   gen_llama      bench/gen_llama.c built here (likewise a fallback);
 #   models/        tiny FP8, Phi-3 and MoE checkpoints from the tests' oracles,
-#                  each with the split run.sh checks (the GPU machine may lack numpy).
+#                  each with the split run.sh checks (the GPU machine may lack numpy):
+#                  FP8 experts (a refined grid, --ep, SGLang) and pipeline stages too.
 # Run it from the repository root on a Debian/Ubuntu machine with apt-get and
 # the CUDA toolkit; then send .gpu/ along with the tree.
 set -eu
@@ -40,7 +41,7 @@ py=$top/build/venv/bin/python
 mkdir -p "$out/models"
 (cd "$top/tests/py" && "$py" - "$out/models" <<'PY'
 import os, sys
-import quant_oracle as q, family_oracle as fo
+import quant_oracle as q, family_oracle as fo, moe_quant_oracle as mq
 o = sys.argv[1]
 def case(name, args, make):
     d = os.path.join(o, name)
@@ -59,6 +60,15 @@ case("qwen3moe-sglang2", "2 sglang", lambda d: fo.qwen3_moe_checkpoint(d))
 case("qwen3moe-dtensor2", "2 dtensor", lambda d: fo.qwen3_moe_checkpoint(d))
 case("mixtral-vllm2", "2 vllm", lambda d: fo.mixtral_checkpoint(d))
 case("mixtral-sglang4-ep", "4 sglang --ep", lambda d: fo.mixtral_checkpoint(d))
+# FP8 experts: vLLM's refined grid (96 rows a rank on 128-blocks), per-tensor with static
+# input scales under --ep, SGLang's block FP8; pipeline stages (the args' rest is passed on)
+refine = dict(H=256, I=384, D=128, block=(128, 128), layers=3)
+case("moe-fp8-refined-vllm4", "4 vllm", lambda d: mq.build(d, "qwen3_moe", "fp8-block", **refine))
+case("moe-fp8-refined-vllm2-pp2", "2 vllm --pp 2",
+     lambda d: mq.build(d, "qwen3_moe", "fp8-block", **refine))
+case("moe-fp8-tensor-vllm4-ep", "4 vllm --ep",
+     lambda d: mq.build(d, "mixtral", "fp8-tensor", static=True, H=128))
+case("moe-fp8-block-sglang2", "2 sglang", lambda d: mq.build(d, "qwen3_moe", "fp8-block"))
 PY
 )
 ls -l "$out"
