@@ -311,10 +311,11 @@ typedef struct {
     uint64_t at;        /* its byte offset in that rank tensor */
     tps_dtype stored;   /* the dtype its bytes are in: the tensor's, or F32 when a
                          * serving layout widened it (scales); reads narrow it back */
+    /* a refined grid (tps_xform), F32, cut along the tensor's dim; reads
+     * undo it. rep_n 0: none */
+    uint16_t rep_n, rep_k;
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
-    tps_xform xf;       /* rep_n 0: none; else a refined grid, F32 (reads undo it) */
-    int xdim;           /* the dim the refined piece was cut along */
-    uint64_t xrows, xcols; /* the region's rows and columns (2-D scales) */
+    uint32_t xskip, xout;
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor

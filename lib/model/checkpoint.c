@@ -360,11 +360,12 @@ static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor 
                             const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
     const tps_cfile *f = &ck->files[p->file];
-    const tps_xform *x = &p->xf;
-    uint64_t rows = p->xrows, cols = p->xcols;
-    uint64_t orows = p->xdim == 0 ? x->out : rows * x->rep_n;
-    uint64_t ocols = p->xdim == 1 ? x->out : cols * x->rep_k;
-    uint64_t sr = p->xdim == 0 ? x->skip : 0, sc = p->xdim == 1 ? x->skip : 0;
+    const tps_xform xf = {p->rep_n, p->rep_k, p->xskip, p->xout}, *x = &xf;
+    uint64_t rows = t->dim == 0 ? p->hi - p->lo : t->shape[0];
+    uint64_t cols = t->dim == 1 ? p->hi - p->lo : t->shape[1];
+    uint64_t orows = t->dim == 0 ? x->out : rows * x->rep_n;
+    uint64_t ocols = t->dim == 1 ? x->out : cols * x->rep_k;
+    uint64_t sr = t->dim == 0 ? x->skip : 0, sc = t->dim == 1 ? x->skip : 0;
     size_t es = tps_dtype_bits(t->dtype) / 8;
     float *g = tps_xmalloc((size_t)p->fbytes + 1);
     unsigned char *own = tps_xmalloc((size_t)(rows * cols * es) + 1);
@@ -416,7 +417,7 @@ tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
                                const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
     const tps_cfile *f = &ck->files[p->file];
-    if (p->xf.rep_n) return read_refined(ctx, ck, t, p, off, buf, len);
+    if (p->rep_n) return read_refined(ctx, ck, t, p, off, buf, len);
     if (p->stored == t->dtype || p->fbytes == p->nbytes || p->stored != TPS_F32)
         return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
     /* Widened to F32: read whole elements, narrow them back exactly. */
@@ -452,7 +453,8 @@ tps_err tps_ckpt_refined_same(tps_ctx *ctx, const tps_ckpt *ck, size_t i, const 
 {
     const tps_ctensor *t = &ck->t[i];
     size_t es = tps_dtype_bits(t->dtype) / 8;
-    uint64_t rows = pc->xrows, cols = pc->xcols, n = rows * cols * es;
+    uint64_t rows = t->dim == 0 ? pc->hi - pc->lo : t->shape[0];
+    uint64_t cols = t->dim == 1 ? pc->hi - pc->lo : t->shape[1], n = rows * cols * es;
     unsigned char *a = tps_xmalloc((size_t)n + 1), *b = tps_xmalloc((size_t)n + 1);
     tps_err rc = a && b ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     if (!rc) rc = tps_ckpt_read_piece_at(ctx, ck, t, pc, 0, a, (size_t)n);
@@ -544,7 +546,7 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
     uint64_t poff, run;
     if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].xf.rep_n)
+    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].rep_n)
         return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;

@@ -591,7 +591,7 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                  t->dim >= 0;
         for (int k = 0; ok && k < 4; k++) ok = json_u64(cJSON_GetArrayItem(rf, k), &xv[k]);
         TPS_FAIL_IF(!ok || !xv[0] || !xv[1] || xv[0] > 1024 || xv[1] > 1024 || !xv[3] ||
-                        xv[3] > (1u << 30) || xv[2] >= (t->dim ? xv[1] : xv[0]),
+                        xv[3] > (1u << 30) || xv[2] > (1u << 30) || xv[2] >= (t->dim ? xv[1] : xv[0]),
                     ctx, TPS_E_JSON, "%s: tensor '%s': malformed refine [rep_n, rep_k, skip, out]",
                     mpath, t->name);
         xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3]};
@@ -684,10 +684,10 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     pc->nbytes = lbytes;
     pc->fbytes = pbytes;
     pc->stored = stored;
-    pc->xf = xf;
-    pc->xdim = t->dim;
-    pc->xrows = lnd == 2 ? lshape[0] : 0;
-    pc->xcols = lnd == 2 ? lshape[1] : 0;
+    pc->rep_n = (uint16_t)xf.rep_n;
+    pc->rep_k = (uint16_t)xf.rep_k;
+    pc->xskip = (uint32_t)xf.skip;
+    pc->xout = (uint32_t)xf.out;
     pc->lo = lo;
     pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
     pc->holder = holder;
@@ -726,7 +726,7 @@ static tps_err check_cover(tps_ctx *ctx, const tps_ckpt *ck, const shard_rd *S, 
             /* a refined scale's pieces (vLLM's experts) may share a block
              * row or column with the one before; check makes sure they agree */
             const tps_piece *pa = &t->pieces[a];
-            int ok = pa->xf.rep_n ? pa->lo <= expect_lo && pa->hi > expect_lo
+            int ok = pa->rep_n ? pa->lo <= expect_lo && pa->hi > expect_lo
                                   : pa->lo == expect_lo;
             TPS_FAIL_IF(!ok, ctx, TPS_E_MISMATCH,
                         "%s: tensor '%s': its pieces along dim %d leave a gap or overlap at %llu "

@@ -277,13 +277,13 @@ tps_err tps_check_dir(tps_ctx *ctx, const char *dir, tps_check_result *res)
                 TPS_FAIL_IF(crc[base[i] + (size_t)p] != crc[base[i]], ctx, TPS_E_MISMATCH,
                             "%s: replicated tensor '%s' differs between rank %d and rank %d", dir,
                             t->name, t->pieces[0].rank, pc->rank);
-            if (p < t->npieces && pc->xf.rep_n && t->dim >= 0 && p > 0 &&
+            if (p < t->npieces && pc->rep_n && t->dim >= 0 && p > 0 &&
                 t->pieces[p - 1].hi > pc->lo) /* a refined primary sharing rows */
                 TPS_CHECK(tps_ckpt_refined_same(ctx, ck, i, pc, ""));
             if (p >= t->npieces) { /* a replica: the same bytes as the primary of its rows */
                 int q = 0;
                 while (q < t->npieces && (t->pieces[q].lo != pc->lo || t->pieces[q].hi != pc->hi)) q++;
-                if (q == t->npieces && pc->xf.rep_n) {
+                if (q == t->npieces && pc->rep_n) {
                     TPS_CHECK(tps_ckpt_refined_same(ctx, ck, i, pc, ""));
                     continue;
                 }
@@ -335,7 +335,7 @@ static tps_err same_rows(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char
     const tps_piece *r = &t->replicas[p];
     int q = 0;
     while (q < t->npieces && (t->pieces[q].lo != r->lo || t->pieces[q].hi != r->hi)) q++;
-    if (q == t->npieces && r->xf.rep_n)
+    if (q == t->npieces && r->rep_n)
         return tps_ckpt_refined_same(ctx, ck, i, r, "; refusing to merge");
     if (q == t->npieces || t->pieces[q].nbytes != r->nbytes)
         return tps_fail(ctx, TPS_E_MISMATCH,

@@ -234,7 +234,7 @@ static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
              * overlap the primaries' are compared with them here (the
              * primaries with the source below), then left out of the slots */
             int refined = 1;
-            for (int k = 0; k < ct->nreplicas && refined; k++) refined = ct->replicas[k].xf.rep_n != 0;
+            for (int k = 0; k < ct->nreplicas && refined; k++) refined = ct->replicas[k].rep_n != 0;
             if (!refined) {
                 u->pre = tps_asprintf("replicas along dim %d are not verified", u->dim);
                 return 1;
@@ -256,7 +256,7 @@ static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
             /* the collectives concatenate the ranks' rows in rank order (a
              * refined scale's ranks may share a block row: compared below) */
             const tps_piece *pr = &ct->pieces[u->piece[r]];
-            if (u->dim >= 0 && pr->xf.rep_n && u->lo[r] < at && u->lo[r] + u->len[r] > at) {
+            if (u->dim >= 0 && pr->rep_n && u->lo[r] < at && u->lo[r] + u->len[r] > at) {
                 if (tps_ckpt_refined_same(V->ctx, V->ck, u->t, pr, "")) {
                     u->pre = tps_strdup(tps_ctx_errmsg(V->ctx));
                     return 1;
@@ -328,7 +328,7 @@ static int unit_check_pieces(const vctx *V, vunit *u, const ugeom *g)
         if (p < 0) continue;
         const tps_piece *pc = tps_va_slot_piece(u, r);
         uint64_t want = ct->nbytes;
-        if (r >= V->tp && pc->xf.rep_n && u->dim != 0) continue; /* compared in placement */
+        if (r >= V->tp && pc->rep_n && u->dim != 0) continue; /* compared in placement */
         if (u->dim >= 0) {
             if (pc->lo != u->lo[r] || pc->hi != u->lo[r] + u->len[r]) {
                 u->pre = tps_asprintf("rank %d holds [%llu, %llu) along dim %d, torch.chunk gives "

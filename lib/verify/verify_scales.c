@@ -34,7 +34,7 @@ static tps_err read_piece_f32(vctx *V, size_t t, int rank, float **out, uint64_t
         if (ct->pieces[k].rank == rank) p = k;
     /* a refined scale (vLLM's experts) may be held by a rank as a replica only */
     for (int k = 0; k < ct->nreplicas && p < 0; k++)
-        if (ct->replicas[k].rank == rank && ct->replicas[k].xf.rep_n) p = ct->npieces + k;
+        if (ct->replicas[k].rank == rank && ct->replicas[k].rep_n) p = ct->npieces + k;
     *out = NULL;
     if (p < 0) return TPS_OK;
     const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
