@@ -296,6 +296,18 @@ typedef struct {
     uint64_t skip, out;
 } tps_xform;
 
+/* The F32 grid a refined piece of a rows x cols region (cut along dim)
+ * holds: *orows x *ocols, its element (i, j) the region's
+ * ((i + *sr) / rep_n, (j + *sc) / rep_k). */
+static inline void tps_xform_grid(const tps_xform *x, int dim, uint64_t rows, uint64_t cols,
+                                  uint64_t *orows, uint64_t *ocols, uint64_t *sr, uint64_t *sc)
+{
+    *orows = dim == 0 ? x->out : rows * x->rep_n;
+    *ocols = dim == 1 ? x->out : cols * x->rep_k;
+    *sr = dim == 0 ? x->skip : 0;
+    *sc = dim == 1 ? x->skip : 0;
+}
+
 /* ------------------------------------------------------------------ checkpoint */
 
 typedef struct {

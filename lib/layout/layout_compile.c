@@ -122,28 +122,11 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
     return TPS_OK;
 }
 
-/* Adds source piece [lo, hi) along dim of src to r at byte at. */
-tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
-                         uint64_t at)
-{
-    size_t g = 0;
-    int fresh = 0;
-    TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
-    if (fresh) C->L->regions[g].primary = C->L->npieces;
-    C->used[src] = 1;
-    /* A widened piece (a scale the engine holds in F32): 4 bytes an element. */
-    uint64_t nb = C->L->regions[g].nbytes;
-    tps_dtype sd = C->ck->t[src].dtype;
-    if (r->dtype != sd) nb = nb / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
-    return tps_lc_add_piece(
-        C, r,
-        (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at, .nbytes = nb, .replica = !fresh});
-}
-
-/* Adds source piece [lo, hi) along dim of src to r at byte at, refined by
- * x (stored F32: nbytes, the refined grid's bytes). */
-tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
-                           uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
+/* Adds source piece [lo, hi) along dim of src to r at byte at; x: refined
+ * (nbytes its grid's), else NULL (nbytes the region's, widened when r's
+ * dtype is not src's: a scale the engine holds in F32, 4 bytes an element). */
+static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                             uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
 {
     tps_layout *L = C->L;
     /* Refined pieces of one scale overlap (ranks share a block row): each
@@ -151,12 +134,12 @@ tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint6
      * shared row from the first, check makes sure the others agree), the
      * others are replicas. */
     uint64_t covered = 0;
-    for (size_t k = C->last[src]; k != SIZE_MAX; k = C->next[k]) {
+    for (size_t k = x ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = C->next[k]) {
         const tps_region *rg = &L->regions[k];
         if (rg->dim == dim && !L->pieces[rg->primary].replica && rg->hi > covered)
             covered = rg->hi;
     }
-    if (lo > covered)
+    if (x && lo > covered)
         return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': refined pieces leave rows [%llu, %llu) "
                         "to no rank", C->ck->t[src].name, (unsigned long long)covered,
                         (unsigned long long)lo);
@@ -165,15 +148,37 @@ tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint6
     TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
     if (fresh) L->regions[g].primary = L->npieces;
     C->used[src] = 1;
-    int replica = !fresh || hi <= covered;
-    tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
-    if (!n) return nomem(C);
-    L->xforms = n;
-    L->xforms[L->nxforms++] = *x;
+    uint32_t xf = 0;
+    if (x) {
+        /* a rank's pieces of one stack share their transform */
+        if (!L->nxforms || memcmp(&L->xforms[L->nxforms - 1], x, sizeof *x)) {
+            tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
+            if (!n) return nomem(C);
+            L->xforms = n;
+            L->xforms[L->nxforms++] = *x;
+        }
+        xf = (uint32_t)L->nxforms;
+    } else {
+        tps_dtype sd = C->ck->t[src].dtype;
+        nbytes = L->regions[g].nbytes;
+        if (r->dtype != sd) nbytes = nbytes / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
+    }
     return tps_lc_add_piece(C, r,
                             (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
-                                         .nbytes = nbytes, .replica = replica,
-                                         .xf = (uint32_t)L->nxforms});
+                                         .nbytes = nbytes,
+                                         .replica = !fresh || (x && hi <= covered), .xf = xf});
+}
+
+tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
+                         uint64_t at)
+{
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0);
+}
+
+tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                           uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
+{
+    return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes);
 }
 
 char *tps_lc_own_name(cstate *C, char *s)

@@ -265,16 +265,19 @@ static int expert_blocks_whole(uint64_t I, uint64_t t, uint64_t bn, uint64_t bk)
     return ip % bn == 0 && (t == 1 || ip % bk == 0);
 }
 
-struct eblk {
-    uint64_t E, I, bn, bk;
-    int ep;
-};
-static int eblk_ok(uint64_t packed, uint64_t unused, int tp)
+/* "1, 2" of the tp values up to 64 at which E experts of I rows are whole
+ * blocks on every rank (with --ep: E / tp whole experts a rank). */
+static void expert_block_tps(char *buf, size_t len, uint64_t E, uint64_t I, uint64_t bn,
+                             uint64_t bk, int ep)
 {
-    (void)unused;
-    const struct eblk *b = (const struct eblk *)(uintptr_t)packed;
-    if (b->ep) return b->E % (uint64_t)tp == 0 && expert_blocks_whole(b->I, 1, b->bn, b->bk);
-    return (uint64_t)tp <= b->E && expert_blocks_whole(b->I, (uint64_t)tp, b->bn, b->bk);
+    size_t o = 0;
+    buf[0] = 0;
+    for (int tp = 1; tp <= 64 && o < len; tp++) {
+        int ok = ep ? E % (uint64_t)tp == 0 && expert_blocks_whole(I, 1, bn, bk)
+                    : (uint64_t)tp <= E && expert_blocks_whole(I, (uint64_t)tp, bn, bk);
+        if (ok) o += (size_t)snprintf(buf + o, len - o, "%s%d", o ? ", " : "", tp);
+    }
+    if (!o) snprintf(buf, len, "none up to 64");
 }
 
 /* The refined grid's g when the engine holds these experts' block scales
@@ -307,10 +310,8 @@ int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E
     if (q->kind[s] != TPS_QS_BLOCK) return 1;
     uint64_t t = C->L->ep ? 1 : (uint64_t)C->tp;
     if (expert_blocks_whole(I, t, q->bn, q->bk)) return 1;
-    struct eblk b = {E, I, q->bn, q->bk, C->L->ep};
     char works[300];
-    tps_lc_works_list(works, sizeof works, (uint64_t)(uintptr_t)&b, 0, eblk_ok);
-    uint64_t ip = I % t ? 0 : I / t;
+    expert_block_tps(works, sizeof works, E, I, q->bn, q->bk, C->L->ep);
     uint64_t g = refine_grid(C, I, H);
     if (g) {
         /* layers/fused_moe/oracle/fp8.py refine_fp8_moe_block_shape: the
@@ -329,7 +330,6 @@ int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E
         }
         return 1;
     }
-    g = gcd64(gcd64(q->bn, q->bk), gcd64(ip, H));
     refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu: at %s %d each rank "
               "would hold %llu%s of their %llu rows, not whole blocks, which %s's fused MoE "
               "refuses (tp values that work: %s)",
@@ -339,8 +339,18 @@ int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E
     return 0;
 }
 
+/* The engine's name of a stack's scale: the stack's name (w13_weight) with
+ * its trailing "weight" replaced by the source tensor's parameter name
+ * (weight_scale_inv, input_scale). */
 static char *stack_scale_name(cstate *C, const char *module, const char *into, const char *stack,
-                              const char *param);
+                              const char *param)
+{
+    size_t sl = strlen(stack);
+    if (sl >= 6 && !strcmp(stack + sl - 6, "weight")) sl -= 6;
+    return tps_lc_own_name(C, into ? tps_asprintf("%s.%s.%.*s%s", module, into, (int)sl, stack,
+                                                  param)
+                                   : tps_asprintf("%s.%.*s%s", module, (int)sl, stack, param));
+}
 
 /* A stack's block scales on vLLM's refined g x g grid, rank r: per expert
  * and part, the rank's P = I_p / g rows (rows stacks: w13) or columns (w2)
@@ -378,19 +388,6 @@ static tps_err place_refined(cstate *C, const char *module, const char *into,
             TPS_TRY(tps_lc_src_piece_x(C, rt, (size_t)q->partner[idx[(e0 + k) * nidx + k0 + j]],
                                        st->dim, a, b, (k * nparts + j) * per, &x, per));
     return TPS_OK;
-}
-
-/* The engine's name of a stack's scale: the stack's name (w13_weight) with
- * its trailing "weight" replaced by the source tensor's parameter name
- * (weight_scale_inv, input_scale). */
-static char *stack_scale_name(cstate *C, const char *module, const char *into, const char *stack,
-                              const char *param)
-{
-    size_t sl = strlen(stack);
-    if (sl >= 6 && !strcmp(stack + sl - 6, "weight")) sl -= 6;
-    return tps_lc_own_name(C, into ? tps_asprintf("%s.%s.%.*s%s", module, into, (int)sl, stack,
-                                                  param)
-                                   : tps_asprintf("%s.%.*s%s", module, (int)sl, stack, param));
 }
 
 tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *into,

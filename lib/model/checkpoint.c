@@ -363,9 +363,8 @@ static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor 
     const tps_xform xf = {p->rep_n, p->rep_k, p->xskip, p->xout}, *x = &xf;
     uint64_t rows = t->dim == 0 ? p->hi - p->lo : t->shape[0];
     uint64_t cols = t->dim == 1 ? p->hi - p->lo : t->shape[1];
-    uint64_t orows = t->dim == 0 ? x->out : rows * x->rep_n;
-    uint64_t ocols = t->dim == 1 ? x->out : cols * x->rep_k;
-    uint64_t sr = t->dim == 0 ? x->skip : 0, sc = t->dim == 1 ? x->skip : 0;
+    uint64_t orows, ocols, sr, sc;
+    tps_xform_grid(x, t->dim, rows, cols, &orows, &ocols, &sr, &sc);
     size_t es = tps_dtype_bits(t->dtype) / 8;
     float *g = tps_xmalloc((size_t)p->fbytes + 1);
     unsigned char *own = tps_xmalloc((size_t)(rows * cols * es) + 1);

@@ -652,9 +652,8 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
     if (xf.rep_n) {
         /* a refined grid: out rows (or columns) along the dim, the other repeated */
-        uint64_t nr = lshape[0], nc = lshape[1];
-        uint64_t orows = t->dim == 0 ? xf.out : nr * xf.rep_n;
-        uint64_t ocols = t->dim == 1 ? xf.out : nc * xf.rep_k;
+        uint64_t nr = lshape[0], nc = lshape[1], orows, ocols, sr, sc;
+        tps_xform_grid(&xf, t->dim, nr, nc, &orows, &ocols, &sr, &sc);
         uint64_t along = t->dim == 0 ? nr * xf.rep_n : nc * xf.rep_k;
         TPS_FAIL_IF(stored != TPS_F32 || xf.skip + xf.out > along ||
                         along - (xf.skip + xf.out) >= (t->dim == 0 ? xf.rep_n : xf.rep_k),

@@ -228,9 +228,8 @@ static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, 
         return tps_fail(E->ctx, TPS_E_ARG,
                         "%s: tensor '%s': a refined scale piece must be written whole", path,
                         t->name);
-    uint64_t orows = g->dim == 0 ? x->out : rows * x->rep_n;
-    uint64_t ocols = g->dim == 1 ? x->out : cols * x->rep_k;
-    uint64_t sr = g->dim == 0 ? x->skip : 0, sc = g->dim == 1 ? x->skip : 0;
+    uint64_t orows, ocols, sr, sc;
+    tps_xform_grid(x, g->dim, rows, cols, &orows, &ocols, &sr, &sc);
     float *o = tps_xmalloc((size_t)(orows * ocols) * sizeof *o + 1);
     if (!o) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
     const unsigned char *in = buf;

@@ -24,6 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import moe_quant_oracle as mo  # noqa: E402
 import ranktest  # noqa: E402
 from ranktest import report  # noqa: E402
+import safetensors  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 TPSHARD = os.environ.get("TPSHARD") or os.path.join(os.environ.get("TOP", "."), "tpshard")
@@ -74,7 +75,6 @@ def source_tensors(m):
     out = {}
     for f in ranktest.source_files(m):
         with open(os.path.join(m, f), "rb") as h:
-            import safetensors
             for n, i in safetensors.deserialize(h.read()):
                 out[n] = (i["dtype"], list(i["shape"]), bytes(i["data"]))
     return out
@@ -159,7 +159,6 @@ def deepseek():
     SGLang at tp 2; check, verify, merge; a flipped byte of a kv_b_proj
     scale fails verify."""
     top = os.environ.get("TOP", ".")
-    import safetensors
     for layout in ("vllm", "sglang"):
         case = os.path.join(top, "testdata", "conformance", f"{layout}-deepseekv3-bf16-tp2")
         m = os.path.join(TMP, "m-deepseek-fp8")
