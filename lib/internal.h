@@ -327,7 +327,17 @@ typedef struct {
      * undo it. rep_n 0: none */
     uint16_t rep_n, rep_k;
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
-    uint32_t xskip, xout;
+    union {
+        struct {
+            uint32_t xskip, xout; /* refined (rep_n) */
+        };
+        /* not refined: 0, or its bytes lie in runs of `run` bytes, `stride`
+         * apart in the file from off on (a piece concatenated along its
+         * rank tensor's last dim: vLLM's fused GPTQ qweight) */
+        struct {
+            uint32_t run, stride;
+        };
+    };
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
@@ -336,6 +346,7 @@ typedef enum { TPS_FILL_SOURCE = 0, TPS_FILL_ZEROS, TPS_FILL_VALUE } tps_fill_ki
 typedef struct {
     tps_fill_kind kind;
     uint64_t at, nbytes;
+    uint64_t run, stride; /* 0, or its bytes are runs of `run`, `stride` apart from at on */
     const char *source; /* SOURCE: the source tensor */
     double value;       /* VALUE */
 } tps_fill;
@@ -780,6 +791,12 @@ typedef struct tps_lspec {
     int refine_moe_blocks; /* scales: refine_expert_blocks: the engine refines FP8 expert blocks */
     unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
     char *refuse_scales_reason;
+    /* scales: packed: the packed methods (quant_method names) the engine
+     * loads from files as their checkpoints store them; packed_reason: why
+     * it loads none (kernel-repacked weights) */
+    char **packed_methods;
+    size_t npacked_methods;
+    char *packed_reason;
     tps_ldrop *drops;
     size_t ndrops;
     tps_lkey *keys;   /* given (has_keys): a tensor no rule places and no key names is refused */
@@ -874,12 +891,18 @@ typedef struct {
     /* packed methods: the quantized weight's name (".qweight"), NULL for
      * X.weight; the weight codes' bits come from the config (q->bits) */
     const char *weight_suffix;
+    /* packed methods: the parts store [in, out] (GPTQ, AWQ: 1) or [out, in]
+     * (compressed-tensors, NVFP4: 0), in the part table's units */
+    int transposed;
+    /* what vLLM's loader refuses of a row-parallel cut with one group
+     * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
+    const char *channel_rowwise_refusal;
 } tps_qmethod;
 
 extern const tps_qmethod *const tps_qmethods[];
 extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
-extern const tps_qmethod tps_qm_gptq;                /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_gptq, tps_qm_awq;    /* lib/quant/gptq.c */
 
 struct tps_quant {
     const tps_qmethod *m;
@@ -903,8 +926,9 @@ struct tps_quant {
 tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out);
 void tps_quant_free(tps_quant *q);
 /* Why a packed method's checkpoint (q->m->weight_suffix) cannot be written
- * by a layout (NULL: the DTensor layout); a static buffer of this thread. */
-const char *tps_quant_packed_reason(const tps_quant *q, const char *layout);
+ * by a layout (NULL: the DTensor layout), the layout's reason `why` (or
+ * NULL); a static buffer of this thread. */
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout, const char *why);
 /* [bn, bk] of a config: two positive integers, or an error naming where. */
 tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
                            uint64_t *bn, uint64_t *bk);
@@ -926,13 +950,18 @@ typedef struct {
 typedef enum { TPS_PK_SRC = 0, TPS_PK_ZERO, TPS_PK_CONST } tps_piece_kind;
 
 typedef struct {
-    tps_piece_kind kind;
+    uint8_t kind;    /* tps_piece_kind */
+    uint8_t replica; /* SRC: another piece of the same region is the primary */
     int rank;        /* its rank tensor's */
     size_t region;   /* SRC */
     uint64_t at;     /* byte offset in the rank tensor */
     uint64_t nbytes;
-    int replica;     /* SRC: another piece of the same region is the primary */
     uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid) */
+    /* SRC, ZERO: 0, or the piece is concatenated along the rank tensor's
+     * last dim with others: its bytes are runs of `run` bytes, one per step
+     * of the dims before it, tps_rt_stride(rank tensor) bytes apart from
+     * `at` on (vLLM's fused GPTQ qweight: [in / 8, q | k | v]) */
+    uint32_t run;
     double value;    /* CONST: every element, in the rank tensor's dtype */
 } tps_lpiece;
 
@@ -955,6 +984,15 @@ typedef struct {
     size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
 } tps_rtensor;   /* 64 bytes: 151k of them for an MoE of 18,867 tensors at tp 8 */
+
+/* Bytes from one step of a rank tensor's dims before its last to the next:
+ * how far apart a strided piece's runs lie. */
+static inline uint64_t tps_rt_stride(const tps_rtensor *r)
+{
+    uint64_t outer = 1;
+    for (int d = 0; d + 1 < r->ndim; d++) outer *= r->shape[d];
+    return outer ? r->nbytes / outer : 0;
+}
 
 struct tps_layout {
     const tps_ckpt *ck;

@@ -1,4 +1,6 @@
-/* gptq.c - GPTQ (quant_method gptq, as AutoGPTQ and GPTQModel write it):
+/* gptq.c - the int32-packed methods of AutoGPTQ/GPTQModel and AutoAWQ.
+ *
+ * GPTQ (quant_method gptq, as AutoGPTQ and GPTQModel write it):
  * what its config says, and the tensors it stores per linear X:
  *
  *   X.qweight  I32 [in / pf, out]       codes of `bits` bits, pf = 32 / bits
@@ -94,4 +96,72 @@ const tps_qmethod tps_qm_gptq = {
     .parts = gptq_parts,
     .nparts = sizeof gptq_parts / sizeof gptq_parts[0],
     .weight_suffix = ".qweight",
+    .transposed = 1,
+};
+
+/* An integer field of quantization_config under the first of two names. */
+static tps_err int_field(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, const char *a,
+                         const char *b, int64_t *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(qc, a);
+    if (!x) x = cJSON_GetObjectItemCaseSensitive(qc, b);
+    if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble))
+        return tps_fail(ctx, TPS_E_CONFIG, "%s: quantization_config.%s (or %s) is %s, not an integer",
+                        ck->path, a, b, x ? "not a number" : "missing");
+    *v = (int64_t)x->valuedouble;
+    return TPS_OK;
+}
+
+/* AWQ (layers/quantization/auto_awq.py AutoAWQConfig.from_config): bits
+ * from w_bit or bits, the group from q_group_size or group_size, zero
+ * points always stored; TYPE_MAP holds 4 bits only. */
+static tps_err awq_config(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_quant *q)
+{
+    int64_t bits, gs;
+    TPS_TRY(int_field(ctx, ck, qc, "w_bit", "bits", &bits));
+    TPS_TRY(int_field(ctx, ck, qc, "q_group_size", "group_size", &gs));
+    if (bits != 4)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.bits = %lld: AWQ with %lld-bit codes is not "
+                        "supported (vLLM 0.33's AutoAWQConfig takes 4 bits only)",
+                        ck->path, (long long)bits, (long long)bits);
+    if (gs != -1 && gs != 32 && gs != 64 && gs != 128)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.group_size = %lld: not supported (vLLM 0.33's "
+                        "AWQ kernels take -1, 32, 64 and 128)",
+                        ck->path, (long long)gs);
+    int zp;
+    TPS_TRY(flag(ctx, ck, qc, "zero_point", 1, &zp));
+    if (!zp)
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quantization_config.zero_point = false: AWQ without zero points is "
+                        "not supported (vLLM 0.33's AWQ kernels read qzeros)",
+                        ck->path);
+    q->bits = 4;
+    q->group = gs;
+    return TPS_OK;
+}
+
+/* AutoAWQ's X.qweight I32 [in, out / 8] (packed along the output, nibbles
+ * in the order 0 2 4 6 1 3 5 7 inside a word, which whole-word cuts keep),
+ * X.qzeros I32 [in / group, out / 8], X.scales [in / group, out]. */
+static const tps_qpart awq_parts[] = {
+    {".qweight", TPS_QR_WEIGHT, 0, 0, 1, NULL},
+    {".scales", TPS_QR_SCALE, BIT(TPS_QS_GROUP) | BIT(TPS_QS_CHANNEL), 1, 0, NULL},
+    {".qzeros", TPS_QR_ZEROS, 0, 1, 1, NULL},
+};
+
+const tps_qmethod tps_qm_awq = {
+    .name = "awq",
+    .what = "AWQ 4-bit codes with zero points packed in int32 words along the output",
+    .read_config = awq_config,
+    .weight_dtype = is_i32,
+    .parts = awq_parts,
+    .nparts = sizeof awq_parts / sizeof awq_parts[0],
+    .weight_suffix = ".qweight",
+    .transposed = 1,
+    /* BaseAWQLinearMethod.create_weights: group_size -1 means input_size */
+    .channel_rowwise_refusal = "vLLM 0.33's AWQ treats group_size -1 as one group of all "
+                               "input features, which a row-parallel rank cannot hold (\"The "
+                               "input size is not aligned with the quantized weight shape\")",
 };

@@ -20,7 +20,7 @@ static int has_suffix(const char *s, const char *suf, size_t *stem)
     return 1;
 }
 
-const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq};
+const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq, &tps_qm_awq};
 const size_t tps_nqmethods = sizeof tps_qmethods / sizeof tps_qmethods[0];
 const char *const tps_qscale_names[TPS_QS_KINDS] = {"tensor", "channel", "block", "group"};
 const char *const tps_qscale_labels[TPS_QS_KINDS] = {"per-tensor", "per-channel", "block",
@@ -194,8 +194,20 @@ static void packed_shape(const tps_quant *q, const tps_qpart *p, uint64_t in, ui
                          uint64_t *rows, uint64_t *cols)
 {
     uint64_t pf = (uint64_t)(32 / q->bits), groups = q->group < 0 ? 1 : in / (uint64_t)q->group;
-    *rows = p->in_by == 0 ? in : p->in_by == 1 ? groups : in / pf;
-    *cols = p->out_packed ? out / pf : out;
+    uint64_t ni = p->in_by == 0 ? in : p->in_by == 1 ? groups : in / pf;
+    uint64_t no = p->out_packed ? out / pf : out;
+    *rows = q->m->transposed ? ni : no;
+    *cols = q->m->transposed ? no : ni;
+}
+
+/* The input and output features a packed weight of shape [a, b] holds. */
+static void packed_features(const tps_quant *q, const tps_qpart *wp, const tps_ctensor *wt,
+                            uint64_t *in, uint64_t *out)
+{
+    uint64_t pf = (uint64_t)(32 / q->bits);
+    uint64_t si = wt->shape[q->m->transposed ? 0 : 1], so = wt->shape[q->m->transposed ? 1 : 0];
+    *in = si * (wp->in_by == 2 ? pf : 1);
+    *out = so * (wp->out_packed ? pf : 1);
 }
 
 /* The parts of a packed method (GPTQ), checked against its config: every
@@ -229,21 +241,31 @@ static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
         }
         free(wn);
         const tps_ctensor *wt = &ck->t[w];
-        if (wt->ndim != 2 || !m->weight_dtype(wt->dtype))
+        const tps_qpart *wp = NULL;
+        for (size_t j = 0; j < m->nparts && !wp; j++)
+            if (m->parts[j].role == TPS_QR_WEIGHT) wp = &m->parts[j];
+        if (wt->ndim != 2 || !m->weight_dtype(wt->dtype)) {
+            char want[64];
+            snprintf(want, sizeof want, "%s", m->transposed ? (wp->in_by == 2 ? "[in / %llu, out]" : "[in, out / %llu]")
+                                                            : (wp->in_by == 2 ? "[out, in / %llu]" : "[out / %llu, in]"));
+            char shown[96];
+            snprintf(shown, sizeof shown, want, (unsigned long long)pf);
             return tps_fail(ctx, TPS_E_SHAPE,
                             "%s: quantized weight '%s' is %s %d-D: quant_method %s stores it I32 "
-                            "[in / %llu, out] (%d-bit codes, %llu to a word)",
+                            "%s (%d-bit codes, %llu to a word)",
                             ck->path, wt->name, tps_dtype_name(wt->dtype), wt->ndim, m->name,
-                            (unsigned long long)pf, q->bits, (unsigned long long)pf);
-        uint64_t in = wt->shape[0] * pf, out = wt->shape[1];
+                            shown, q->bits, (unsigned long long)pf);
+        }
+        uint64_t in, out;
+        packed_features(q, wp, wt, &in, &out);
         if (q->group > 0 && in % (uint64_t)q->group)
             return tps_fail(ctx, TPS_E_SHAPE,
                             "%s: quantized weight '%s' [%llu, %llu] holds %llu input features "
-                            "(%llu rows of %llu %d-bit codes), which quantization_config."
-                            "group_size %lld does not divide",
+                            "(%llu output features, %d-bit codes, %llu to a word), which "
+                            "quantization_config.group_size %lld does not divide",
                             ck->path, wt->name, (unsigned long long)wt->shape[0],
-                            (unsigned long long)out, (unsigned long long)in,
-                            (unsigned long long)wt->shape[0], (unsigned long long)pf, q->bits,
+                            (unsigned long long)wt->shape[1], (unsigned long long)in,
+                            (unsigned long long)out, q->bits, (unsigned long long)pf,
                             (long long)q->group);
         if (p->role == TPS_QR_WEIGHT) {
             q->role[i] = TPS_QR_WEIGHT;
@@ -273,7 +295,8 @@ static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
         uint64_t rows = 0, cols = 0;
         if (p->role != TPS_QR_UNUSED) {
             packed_shape(q, p, in, out, &rows, &cols);
-            ok = ok && t->shape[0] == rows && t->shape[1] == cols && (!p->out_packed || out % pf == 0);
+            ok = ok && t->shape[0] == rows && t->shape[1] == cols &&
+                 (!p->out_packed || out % pf == 0) && (p->in_by != 2 || in % pf == 0);
         }
         int dt_ok = p->role == TPS_QR_SCALE ? tps_dtype_is_float(t->dtype) : t->dtype == TPS_I32;
         if (!ok || !dt_ok) {
@@ -292,7 +315,7 @@ static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
                             t->ndim ? (unsigned long long)t->shape[0] : 0ULL,
                             t->ndim > 1 ? ", " : "",
                             t->ndim > 1 ? (unsigned long long)t->shape[1] : 0ULL, wt->name,
-                            (unsigned long long)wt->shape[0], (unsigned long long)out,
+                            (unsigned long long)wt->shape[0], (unsigned long long)wt->shape[1],
                             (unsigned long long)out, (unsigned long long)in, q->bits,
                             (long long)q->group, want,
                             p->out_packed && out % pf ? " (and out divisible by the codes a word holds)"
@@ -396,7 +419,7 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     if (!q) return TPS_OK;
     v->method = q->method_name;
     if (q->m->weight_suffix) { /* read and checked, but no layout writes it yet */
-        tps_fail(ctx, TPS_E_REJECT, "%s", tps_quant_packed_reason(q, NULL));
+        tps_fail(ctx, TPS_E_REJECT, "%s", tps_quant_packed_reason(q, NULL, NULL));
         v->problem = tps_ctx_errmsg(ctx);
         v->weights = q->nquant;
         tps_quant_free(q);
@@ -417,21 +440,20 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     return TPS_OK;
 }
 
-const char *tps_quant_packed_reason(const tps_quant *q, const char *layout)
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout, const char *why)
 {
     static _Thread_local char buf[512];
     if (layout)
         snprintf(buf, sizeof buf,
-                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
-                 "supported yet by layout %s: the engine fuses and splits the packed weights, "
-                 "their scales and zero points along the output features, on whole words and "
-                 "groups, and tpshard does not write that yet",
-                 q->method_name, q->bits, (long long)q->group, layout);
+                 "quant_method %s (%d-bit codes packed in words, group_size %lld) is not "
+                 "supported by layout %s: %s",
+                 q->method_name, q->bits, (long long)q->group, layout,
+                 why ? why : "the engine does not load it from files as the checkpoint stores it");
     else
         snprintf(buf, sizeof buf,
-                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
-                 "supported by layout dtensor: no DTensor consumer loads packed weights; the "
-                 "serving layouts (vllm, sglang) do not write it yet either",
+                 "quant_method %s (%d-bit codes packed in words, group_size %lld) is not "
+                 "supported by layout dtensor: no DTensor consumer loads packed weights (split "
+                 "with --layout vllm)",
                  q->method_name, q->bits, (long long)q->group);
     return buf;
 }

@@ -329,6 +329,9 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
         mw_str(f, rt->name);
     }
     if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
+    if (p->run)
+        fprintf(f, ", \"run\": %u, \"stride\": %llu", (unsigned)p->run,
+                (unsigned long long)tps_rt_stride(rt));
     if (rt->dtype != t->dtype) fprintf(f, ", \"dtype\": \"%s\"", tps_dtype_name(rt->dtype));
     fputs(", \"shape\": ", f);
     mw_shape(f, ls, t->ndim);
@@ -421,6 +424,9 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
                     const tps_lpiece *p = &L->pieces[rt->piece0 + j];
                     fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
                             (unsigned long long)p->at, (unsigned long long)p->nbytes);
+                    if (p->run)
+                        fprintf(f, "\"run\": %u, \"stride\": %llu, ", (unsigned)p->run,
+                                (unsigned long long)tps_rt_stride(rt));
                     if (p->kind == TPS_PK_SRC) {
                         fputs("\"source\": ", f);
                         mw_str(f, ck->t[L->regions[p->region].src].name);

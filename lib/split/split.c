@@ -257,6 +257,23 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     ofile *f = &E->files[s->file];
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
     if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
+    if (p->run) {
+        /* concatenated along the last dim: one write per run */
+        if (rt->dtype != sd)
+            return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a strided piece cannot be widened",
+                            f->final, rt->name);
+        uint64_t stride = tps_rt_stride(rt);
+        const char *in = buf;
+        while (len) {
+            uint64_t k = off / p->run, w = off % p->run;
+            size_t n = (size_t)(p->run - w < len ? p->run - w : len);
+            TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, in, n, s->off + p->at + k * stride + w));
+            in += n;
+            off += n;
+            len -= n;
+        }
+        return TPS_OK;
+    }
     if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
     /* Widened to F32 (a scale): whole elements, as tasks cut them. */
     size_t es = tps_dtype_bits(sd) / 8;
@@ -297,7 +314,7 @@ static tps_err kcopy_region(engine *E, size_t g, int file, uint64_t foff, uint64
     const tps_cfile *sf = &E->ck->files[file];
     *done = 0;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
-        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd) return TPS_OK;
+        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd || L->pieces[E->dests[d]].run) return TPS_OK;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) {
         const tps_lpiece *p = &L->pieces[E->dests[d]];
         const oslot *s = &E->slots[E->piece_rt[E->dests[d]]];
