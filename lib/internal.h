@@ -27,6 +27,9 @@ tps_err tps_fail(tps_ctx *ctx, tps_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void tps_log(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same, of any length (a line naming many tensors). */
+void tps_log_long(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int tps_threads(const tps_ctx *ctx);
 
 #define TPS_TRY(expr)                 \

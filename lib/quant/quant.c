@@ -418,10 +418,16 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     }
     if (!q) return TPS_OK;
     v->method = q->method_name;
-    if (q->m->weight_suffix) { /* read and checked, but no layout writes it yet */
-        tps_fail(ctx, TPS_E_REJECT, "%s", tps_quant_packed_reason(q, NULL, NULL));
-        v->problem = tps_ctx_errmsg(ctx);
+    if (q->m->weight_suffix) { /* packed: the serving layouts that load it write it */
+        v->supported = 1;
+        v->bits = q->bits;
+        v->group_size = q->group;
         v->weights = q->nquant;
+        for (size_t i = 0; i < ck->n; i++)
+            if (q->role[i] == TPS_QR_SCALE) {
+                if (q->kind[i] == TPS_QS_GROUP) v->group_scales++;
+                else v->channel_scales++;
+            }
         tps_quant_free(q);
         return TPS_OK;
     }

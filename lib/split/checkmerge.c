@@ -577,25 +577,34 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
 }
 
 /* The source tensors merge cannot give back: the split's layout left them
- * out (the engine's load_weights skips them), named in one warning. */
+ * out (the engine's load_weights skips them), named in one warning, then a
+ * line per reason naming every tensor left out for it. */
 static tps_err warn_dropped(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
 {
     int n = ck->dropped ? cJSON_GetArraySize(ck->dropped) : 0;
     if (!n) return TPS_OK;
-    size_t cap = 256, len = 0;
-    for (const cJSON *d = ck->dropped->child; d; d = d->next)
-        cap += strlen(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring) +
-               strlen(cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring) + 8;
-    char *buf = tps_xmalloc(cap);
-    if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    for (const cJSON *d = ck->dropped->child; d; d = d->next)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", len ? "; " : "",
-                                cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
-                                cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring);
     tps_log(ctx, TPS_LOG_WARN,
-            "%s: %d source tensor%s not given back: layout %s left %s out of the rank files: %s",
-            dir, n, n == 1 ? " is" : "s are", ck->layout_name, n == 1 ? "it" : "them", buf);
-    free(buf);
+            "%s: %d source tensor%s not given back: layout %s left %s out of the rank files:",
+            dir, n, n == 1 ? " is" : "s are", ck->layout_name, n == 1 ? "it" : "them");
+    for (const cJSON *d = ck->dropped->child; d; d = d->next) {
+        const char *why = cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring;
+        int first = 1;
+        for (const cJSON *e = ck->dropped->child; e != d && first; e = e->next)
+            first = strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why) != 0;
+        if (!first) continue; /* named with the first of its reason */
+        size_t cap = strlen(why) + 16, len = 0;
+        for (const cJSON *e = d; e; e = e->next)
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why))
+                cap += strlen(cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring) + 2;
+        char *buf = tps_xmalloc(cap);
+        if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        for (const cJSON *e = d; e; e = e->next)
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why))
+                len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ", " : "",
+                                        cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring);
+        tps_log_long(ctx, TPS_LOG_WARN, "  %s: %s", why, buf);
+        free(buf);
+    }
     return TPS_OK;
 }
 

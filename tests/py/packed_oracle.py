@@ -1,0 +1,256 @@
+"""An independent model of vLLM 0.33's rank state for packed integer checkpoints
+(GPTQ and AWQ LLaMA / Qwen2 / Mistral), written from vLLM's code
+(layers/quantization/auto_gptq.py, auto_awq.py, model_executor/parameter.py,
+layers/linear.py), not from tpshard's. numpy and the standard library only.
+
+build(dir, method, ...) writes a tiny checkpoint; expected_ranks(dir, tp)
+gives every rank's {name: (dtype, shape, bytes)} or raises Refused with the
+words vLLM's refusal (or tpshard's, where vLLM would mis-slice) must say.
+
+The rules:
+  GPTQ  qweight I32 [in/8, out], scales [G, out], qzeros I32 [G, out/8],
+        g_idx dropped. QKV / gate-up: columns of each part for the rank,
+        concatenated (qzeros in words: a part's rank width must be a
+        multiple of 8). o_proj / down_proj: rows (qweight in words, scales
+        and qzeros in groups: in/tp must be a multiple of the group); with
+        group_size -1 scales [1, out] and qzeros [1, out/8] whole on every
+        rank (marlin_repeat_scales_on_all_ranks).
+  AWQ   qweight I32 [in, out/8], qzeros I32 [G, out/8], scales [G, out]:
+        column-parallel cuts columns in words (qweight, qzeros) or features
+        (scales); row-parallel cuts rows; group_size -1 at tp > 1 on a
+        row-parallel layer raises "The input size is not aligned".
+  Both  vocabulary padded to a multiple of 64 and split evenly, KV heads
+        replicated when fewer than ranks, attention's _k/_v/_q/_prob_scale
+        F32 [] = 1.0, norms whole, scales in the model's dtype.
+"""
+import json
+import os
+
+import numpy as np
+
+DT = {"F16": np.float16, "I32": np.int32, "BF16": np.uint16}
+
+
+class Refused(Exception):
+    def __init__(self, reason, *words):
+        super().__init__(reason)
+        self.reason = reason
+        self.words = list(words)
+
+
+def _st_write(path, tensors):
+    """A safetensors file of {name: (dtype, shape, bytes)}, sorted, 'pt' metadata."""
+    hdr, off, blobs = {"__metadata__": {"format": "pt"}}, 0, []
+    for n in sorted(tensors):
+        d, s, b = tensors[n]
+        hdr[n] = {"dtype": d, "shape": list(s), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(hdr, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def _st_read(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = int.from_bytes(raw[:8], "little")
+    hdr = json.loads(raw[8:8 + n])
+    out = {}
+    for k, v in hdr.items():
+        if k == "__metadata__":
+            continue
+        b, e = v["data_offsets"]
+        out[k] = (v["dtype"], list(v["shape"]), raw[8 + n + b:8 + n + e])
+    return out
+
+
+def _arr(t):
+    d, s, b = t
+    return np.frombuffer(b, dtype=DT[d]).reshape(s)
+
+
+def _t(a, dtype):
+    a = np.asarray(a)
+    return (dtype, list(a.shape), a.tobytes())
+
+
+def build(d, method, family="llama", H=128, I=512, heads=4, kv=2, hd=32, layers=2, V=270,
+          group=128, bits=4, sym=True, desc_act=False, scale_dtype="F16", bias=False, seed=1,
+          bad=None):
+    """A tiny packed checkpoint in d; bad: one defect to plant ('qzeros-shape',
+    'no-scales'). Returns d."""
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    pf = 32 // bits
+    t = {}
+
+    def f16(*shape):
+        return _t(rng.standard_normal(shape).astype(np.float16), "F16")
+
+    def words(*shape):
+        return _t(rng.integers(-2**31, 2**31 - 1, size=shape, dtype=np.int64).astype(np.int32), "I32")
+
+    def scales(*shape):
+        a = (rng.random(shape) * 0.02 + 0.001).astype(np.float16)
+        if scale_dtype == "BF16":
+            return _t((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16), "BF16")
+        return _t(a, "F16")
+
+    def linear(name, n_in, n_out, with_bias=False):
+        g = 1 if group == -1 else n_in // group
+        if method == "gptq":
+            t[name + ".qweight"] = words(n_in // pf, n_out)
+            t[name + ".scales"] = scales(g, n_out)
+            t[name + ".qzeros"] = words(g, n_out // pf)
+            t[name + ".g_idx"] = _t(np.arange(n_in, dtype=np.int32) // (n_in if group == -1 else group), "I32")
+        else:
+            t[name + ".qweight"] = words(n_in, n_out // pf)
+            t[name + ".scales"] = scales(g, n_out)
+            t[name + ".qzeros"] = words(g, n_out // pf)
+        if with_bias:
+            t[name + ".bias"] = f16(n_out)
+
+    t["model.embed_tokens.weight"] = f16(V, H)
+    t["lm_head.weight"] = f16(V, H)
+    t["model.norm.weight"] = f16(H)
+    qkv_bias = bias or family == "qwen2"
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = f16(H)
+        t[p + "post_attention_layernorm.weight"] = f16(H)
+        linear(p + "self_attn.q_proj", H, heads * hd, qkv_bias)
+        linear(p + "self_attn.k_proj", H, kv * hd, qkv_bias)
+        linear(p + "self_attn.v_proj", H, kv * hd, qkv_bias)
+        linear(p + "self_attn.o_proj", heads * hd, H)
+        linear(p + "mlp.gate_proj", H, I)
+        linear(p + "mlp.up_proj", H, I)
+        linear(p + "mlp.down_proj", I, H)
+    if bad == "qzeros-shape":
+        n = "model.layers.1.self_attn.o_proj.qzeros"
+        d0, s, b = t[n]
+        t[n] = (d0, [s[0], s[1] * 2], b + b)
+    if bad == "no-scales":
+        del t["model.layers.0.mlp.up_proj.scales"]
+    _st_write(os.path.join(d, "model.safetensors"), t)
+    qc = {"quant_method": method, "bits": bits, "group_size": group}
+    if method == "gptq":
+        qc.update({"sym": sym, "desc_act": desc_act, "checkpoint_format": "gptq"})
+    else:
+        qc.update({"zero_point": True, "version": "gemm"})
+    arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+            "mistral": "MistralForCausalLM"}[family]
+    cfg = {"architectures": [arch], "model_type": family, "hidden_size": H,
+           "intermediate_size": I, "num_attention_heads": heads, "num_key_value_heads": kv,
+           "head_dim": hd, "num_hidden_layers": layers, "vocab_size": V, "torch_dtype": "float16",
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "quantization_config": qc}
+    if family == "llama":
+        cfg["attention_bias"] = bias
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    return d
+
+
+def dropped(d):
+    return sorted(n for n in _st_read(os.path.join(d, "model.safetensors")) if n.endswith(".g_idx"))
+
+
+def _span(n, tp, r, what, name):
+    if n % tp:
+        raise Refused(f"{name}: {n} {what} features do not divide by tp {tp}", name.rsplit(".", 1)[0])
+    return r * n // tp, n // tp
+
+
+def expected_ranks(d, tp):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    src = _st_read(os.path.join(d, "model.safetensors"))
+    qc = cfg["quantization_config"]
+    method, bits, group = qc["quant_method"], qc["bits"], qc["group_size"]
+    pf = 32 // bits
+    if method == "gptq" and not qc.get("sym", True):
+        raise Refused("asymmetric GPTQ: vLLM raises Unsupported quantization config", "sym")
+    if method == "gptq" and qc.get("desc_act") and group != -1:
+        raise Refused("desc_act with groups: vLLM no longer supports it", "desc_act")
+    if bits not in (4, 8) or (method == "awq" and bits != 4):
+        raise Refused("bits vLLM does not load", "bits")
+    heads, kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    V, layers = cfg["vocab_size"], cfg["num_hidden_layers"]
+    if heads % tp:
+        raise Refused("heads", "num_attention_heads")
+    if not (kv % tp == 0 or (kv < tp and tp % kv == 0)):
+        raise Refused("kv heads", "num_key_value_heads")
+    for n, (dt, _, _) in src.items():
+        if n.endswith(".scales") and dt != "F16":
+            raise Refused("scales not in the model's dtype", n)
+    tr = method == "gptq"  # which dim holds the output features: 1 (GPTQ, AWQ store [in, out])
+    ranks = []
+    for r in range(tp):
+        out = {}
+        per = -(-V // 64) * 64 // tp
+        for n in ("model.embed_tokens.weight", "lm_head.weight"):
+            a = _arr(src[n])
+            lo = min(r * per, V)
+            hi = min((r + 1) * per, V)
+            x = np.zeros((per, a.shape[1]), a.dtype)
+            x[:hi - lo] = a[lo:hi]
+            out[n] = _t(x, "F16")
+        out["model.norm.weight"] = src["model.norm.weight"]
+        for i in range(layers):
+            p = f"model.layers.{i}."
+            for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
+                out[p + n] = src[p + n]
+            for s in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
+                out[p + "self_attn.attn." + s] = _t(np.array(1.0, np.float32), "F32")
+            # column-parallel parts: the rank's output features of each
+            kvr = r // (tp // kv) if tp >= kv else None
+            q_lo, q_n = r * heads // tp * hd, heads // tp * hd
+            k_lo, k_n = (kvr * hd, hd) if kvr is not None else (r * kv // tp * hd, kv // tp * hd)
+            inter = cfg["intermediate_size"]
+            g_lo, g_n = _span(inter, tp, r, "output", p + "mlp.gate_proj.qweight")
+            fused = {
+                "self_attn.qkv_proj": [("self_attn.q_proj", q_lo, q_n), ("self_attn.k_proj", k_lo, k_n),
+                                       ("self_attn.v_proj", k_lo, k_n)],
+                "mlp.gate_up_proj": [("mlp.gate_proj", g_lo, g_n), ("mlp.up_proj", g_lo, g_n)],
+            }
+            for into, parts in fused.items():
+                for suf in ("qweight", "scales", "qzeros"):
+                    cols = []
+                    for mod, lo, n in parts:
+                        a = _arr(src[f"{p}{mod}.{suf}"])
+                        unit = pf if (suf == "qzeros" or (suf == "qweight" and not tr)) else 1
+                        if lo % unit or n % unit:
+                            raise Refused(f"{mod}.{suf}: a rank's output features [{lo}, {lo + n}) "
+                                          f"are not whole packed words", f"{p}{mod}.{suf}",
+                                          "packed words")
+                        cols.append(a[:, lo // unit:(lo + n) // unit])
+                    x = np.concatenate(cols, axis=1)
+                    out[f"{p}{into}.{suf}"] = _t(x, src[f"{p}{parts[0][0]}.{suf}"][0])
+                if f"{p}{parts[0][0]}.bias" in src:
+                    out[f"{p}{into}.bias"] = _t(np.concatenate(
+                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in parts]), "F16")
+            # row-parallel: the rank's input features
+            for mod, n_in in (("self_attn.o_proj", heads * hd), ("mlp.down_proj", inter)):
+                lo, n = _span(n_in, tp, r, "input", f"{p}{mod}.qweight")
+                for suf in ("qweight", "scales", "qzeros"):
+                    a = _arr(src[f"{p}{mod}.{suf}"])
+                    if suf == "qweight":
+                        unit = pf if tr else 1
+                    elif group == -1:
+                        if method == "awq" and tp > 1:
+                            raise Refused("AWQ group -1 on a row-parallel layer",
+                                          "input size is not aligned", "row-parallel")
+                        out[f"{p}{mod}.{suf}"] = src[f"{p}{mod}.{suf}"]
+                        continue
+                    else:
+                        unit = group
+                    if lo % unit or n % unit:
+                        # the first tensor in name order tpshard meets: down_proj before o_proj
+                        raise Refused(f"{mod}.{suf}: input features [{lo}, {lo + n}) not whole "
+                                      f"{'groups' if unit == group else 'words'}",
+                                      "groups" if unit == group else "packed words", "input features")
+                    out[f"{p}{mod}.{suf}"] = _t(a[lo // unit:(lo + n) // unit], src[f"{p}{mod}.{suf}"][0])
+        ranks.append(out)
+    return ranks
