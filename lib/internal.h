@@ -841,7 +841,8 @@ typedef enum {
     TPS_QR_SCALE,
     TPS_QR_INPUT_SCALE,
     TPS_QR_ZEROS,
-    TPS_QR_UNUSED
+    TPS_QR_UNUSED,
+    TPS_QR_SHAPE  /* compressed-tensors' weight_shape: the weight's [out, in], I64 */
 } tps_qrole;
 
 typedef struct tps_quant tps_quant;
@@ -863,6 +864,10 @@ typedef struct {
     int in_by;        /* 0: in / 1, 1: in / group, 2: in / pack factor */
     int out_packed;
     const char *why;  /* UNUSED: why no engine loads it */
+    int optional;     /* packed: absent when the config says so (zero points of
+                       * symmetric codes: q->asym 0) */
+    int per_tensor;   /* packed SCALE / INPUT_SCALE: one F32 value ([] or [1]), a
+                       * slot per fused part in the engine (NVFP4's global scales) */
 } tps_qpart;
 
 /* One weight's scales as a dequantize kernel reads them, in f32: the
@@ -897,6 +902,19 @@ typedef struct {
     /* packed methods: the parts store [in, out] (GPTQ, AWQ: 1) or [out, in]
      * (compressed-tensors, NVFP4: 0), in the part table's units */
     int transposed;
+    /* packed methods: the grouped scales are in the model's dtype, as the
+     * engine creates them (1), or in a dtype of their own (NVFP4's F8_E4M3) */
+    int scales_model_dtype;
+    /* entries sharing a name (compressed-tensors, modelopt): the config field
+     * that tells them apart ("format", "quant_algo") and the values this one
+     * reads, space separated, "-" for the field absent; NULL: any */
+    const char *select;
+    const char *formats;
+    /* the quantization_config list naming the quantized modules that a
+     * serving layout's config.json must carry ("modules_in_block_to_quantize"),
+     * or NULL: vLLM 0.33 derives it from the files' dtypes, and in rank
+     * files the fused modules' parts are not there to find */
+    const char *module_list;
     /* what vLLM's loader refuses of a row-parallel cut with one group
      * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
     const char *channel_rowwise_refusal;
@@ -905,7 +923,8 @@ typedef struct {
 extern const tps_qmethod *const tps_qmethods[];
 extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
-extern const tps_qmethod tps_qm_gptq, tps_qm_awq;    /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_gptq, tps_qm_awq, tps_qm_ct_wna16; /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_nvfp4, tps_qm_ct_nvfp4; /* lib/quant/nvfp4.c */
 
 struct tps_quant {
     const tps_qmethod *m;
@@ -917,9 +936,12 @@ struct tps_quant {
     tps_qscale *kind;        /* SCALE: per tensor, channel or block */
     int *zeros;              /* WEIGHT of a packed method: its zero points, or -1 */
     size_t nquant;           /* quantized weights */
-    /* packed methods: code bits, input features per group (-1: one group) */
+    /* packed methods: code bits, input features per group (-1: one group),
+     * whether the config says its optional parts are stored (zero points of
+     * asymmetric codes, NVFP4 W4A4 input scales) */
     int bits;
     int64_t group;
+    int asym; /* the optional parts are stored */
 };
 
 /* The quantization of ck: NULL (*out) when config.json has none. Refuses
@@ -932,6 +954,12 @@ void tps_quant_free(tps_quant *q);
  * by a layout (NULL: the DTensor layout), the layout's reason `why` (or
  * NULL); a static buffer of this thread. */
 const char *tps_quant_packed_reason(const tps_quant *q, const char *layout, const char *why);
+/* The config.json text a serving layout writes for a packed method whose
+ * quantized modules the engine must find by name (q->m->module_list), from
+ * `text` (the config split would write); NULL in *out when none is needed
+ * (the method has none, or the config lists them already). */
+tps_err tps_quant_serving_config(tps_ctx *ctx, const tps_ckpt *ck, const tps_quant *q,
+                                 const char *text, char **out);
 /* [bn, bk] of a config: two positive integers, or an error naming where. */
 tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
                            uint64_t *bn, uint64_t *bk);

@@ -156,7 +156,8 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
         uint64_t ou, iu;
         int oax, iax;
         part_units(q, p, t, &ou, &iu, &oax, &iax);
-        if (p->role == TPS_QR_SCALE && !scale_dtype_ok(C, t)) return TPS_OK;
+        if (p->role == TPS_QR_SCALE && q->m->scales_model_dtype && !scale_dtype_ok(C, t))
+            return TPS_OK;
         uint64_t n = how == 1 ? pl->out : pl->in, u = how == 1 ? ou : iu;
         int ax = how == 1 ? oax : iax;
         if (how == 2 && iu == 0 && C->tp > 1 && m->channel_rowwise_refusal) {
@@ -165,8 +166,15 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
                    t->name, m->channel_rowwise_refusal);
             return TPS_OK;
         }
-        int whole = how == 0 || (how == 2 && iu == 0);
-        for (int r = 0; r < C->tp; r++) {
+        int whole = how == 0 || (how == 2 && iu == 0) || p->role == TPS_QR_SHAPE || p->per_tensor;
+        for (int r = 0; r < C->tp && p->per_tensor; r++) {
+            /* one slot: the engine's PerTensorScaleParameter of one part */
+            uint64_t one[1] = {1};
+            tps_rtensor *rt;
+            TPS_TRY(tps_lc_new_rt(C, t->name, r, t->dtype, 1, one, rule, &rt));
+            TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], -1, 0, 0, 0));
+        }
+        for (int r = 0; r < C->tp && !p->per_tensor; r++) {
             uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
             memcpy(shape, t->shape, sizeof shape);
             if (!whole) {
@@ -256,6 +264,47 @@ static int fused_heads(cstate *C, const tps_lfuse *f, size_t j, const tps_ctenso
     return 1;
 }
 
+/* Part pi of a fused group that is one value per part (NVFP4's global and
+ * input scales: F32 [nparts], slot j part j's) or the weight's shape
+ * (compressed-tensors' weight_shape: each part's load overwrites the fused
+ * BasevLLMParameter, so it holds the last part read, safetensors' keys in
+ * name order; the others are left out, and listed). */
+static tps_err place_fused_whole(cstate *C, const tps_lfuse *f, const plinear *lin, size_t pi,
+                                 const char *nm, size_t pl)
+{
+    tps_layout *L = C->L;
+    const tps_qmethod *m = L->q->m;
+    const tps_ckpt *ck = C->ck;
+    const tps_qpart *p = &m->parts[pi];
+    size_t last = SIZE_MAX;
+    for (size_t j = 0; j < f->nparts; j++)
+        if (lin[j].t[pi] != SIZE_MAX &&
+            (last == SIZE_MAX || strcmp(ck->t[lin[j].t[pi]].name, ck->t[lin[last].t[pi]].name) > 0))
+            last = j;
+    const tps_ctensor *t0 = &ck->t[lin[last].t[pi]];
+    char *name = tps_lc_own_name(C, tps_asprintf("%.*s.%s%s", (int)pl, nm, f->into, p->suffix));
+    if (!name) return nomem(C);
+    for (size_t j = 0; p->role == TPS_QR_SHAPE && j < f->nparts; j++) {
+        if (j == last || lin[j].t[pi] == SIZE_MAX) continue;
+        if (!L->dropped && !(L->dropped = tps_xcalloc(ck->n, sizeof *L->dropped))) return nomem(C);
+        L->dropped[lin[j].t[pi]] =
+            "the shape of one part of a fused module: vLLM 0.33 keeps one weight_shape for the "
+            "fused module, the last part's (each part's load overwrites it)";
+    }
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t shape[1] = {p->per_tensor ? f->nparts : 2};
+        tps_rtensor *rt;
+        TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, 1, shape, f->into, &rt));
+        if (p->role == TPS_QR_SHAPE) {
+            TPS_TRY(tps_lc_src_piece(C, rt, lin[last].t[pi], -1, 0, 0, 0));
+            continue;
+        }
+        for (size_t j = 0; j < f->nparts; j++)
+            TPS_TRY(tps_lc_src_piece(C, rt, lin[j].t[pi], -1, 0, 0, j * 4));
+    }
+    return TPS_OK;
+}
+
 /* Fused group f of parent (length pl of w's name): every part's tensors
  * under parent.<into><suffix>, the ranks' output features concatenated. */
 static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm, size_t pl)
@@ -292,10 +341,15 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
         size_t present = 0;
         for (size_t j = 0; j < f->nparts; j++) present += lin[j].t[pi] != SIZE_MAX;
         if (!present) continue;
-        if (present != f->nparts) {
+        /* a shard directory lacks the parts' shapes its layout left out */
+        if (present != f->nparts && !(p->role == TPS_QR_SHAPE && ck->dropped)) {
             refuse(C, "layout %s fuses %.*s.%s, but only some of its parts have '%s'",
                    C->L->spec->name, (int)pl, nm, f->into, p->suffix);
             return TPS_OK;
+        }
+        if (p->per_tensor || p->role == TPS_QR_SHAPE) {
+            TPS_TRY(place_fused_whole(C, f, lin, pi, nm, pl));
+            continue;
         }
         const tps_ctensor *t0 = &ck->t[lin[0].t[pi]];
         for (size_t j = 0; j < f->nparts; j++) {
@@ -305,7 +359,8 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
                        C->L->spec->name, t0->name, t->name);
                 return TPS_OK;
             }
-            if (p->role == TPS_QR_SCALE && !scale_dtype_ok(C, t)) return TPS_OK;
+            if (p->role == TPS_QR_SCALE && m->scales_model_dtype && !scale_dtype_ok(C, t))
+                return TPS_OK;
         }
         uint64_t ou, iu;
         int oax, iax;

@@ -81,7 +81,15 @@ static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                             "say so",
                             mpath, t->name, t->derived_from);
     }
-    if (!u) return TPS_OK;
+    if (!u) {
+        /* a config.json rewritten for the engine: merge gives back the source's */
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(ck->manifest, "source_config");
+        if (sc && !cJSON_IsString(sc))
+            return tps_fail(ctx, TPS_E_JSON, "%s: source_config must be a string", mpath);
+        if (sc && !(ck->untie_config = tps_strdup(sc->valuestring)))
+            return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        return TPS_OK;
+    }
     int hi = tps_ckpt_find(ck, h->valuestring), ei = tps_ckpt_find(ck, e->valuestring);
     if (hi < 0 || ei < 0 || !ck->t[hi].derived_from)
         return tps_fail(ctx, TPS_E_JSON,

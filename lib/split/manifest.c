@@ -226,6 +226,15 @@ static void mw_source(const engine *E, FILE *f)
 static void mw_untie(const engine *E, FILE *f)
 {
     const tps_ckpt *ck = E->ck;
+    if (E->config_written && !ck->untie_head && ck->config_text) {
+        /* the config.json beside the rank files is not the source's: merge
+         * gives back this one */
+        fputs("\"config_rewritten\": ", f);
+        mw_str(f, E->config_why);
+        fputs(",\n\"source_config\": ", f);
+        mw_str(f, ck->config_text);
+        fputs(",\n", f);
+    }
     if (ck->untie_head) {
         /* --untie: the head is the embedding's bytes, and config.json was
          * rewritten; merge gives back this original config.json. */

@@ -911,6 +911,7 @@ static void engine_free(engine *E, int failed)
     free(E->tasks);
     free(E->crcs);
     free(E->crclen);
+    free(E->config_written);
     cJSON_Delete(E->prev);
 }
 
@@ -1005,7 +1006,17 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         E.files[i].tmp = tps_strdup("");
     }
     tps_sp_remove_stale(&E, o->out_dir);
-    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->config_out));
+    /* a packed method's quantized modules by name, where the engine would
+     * look for them in the files (tps_quant_serving_config) */
+    if (L->spec)
+        TPS_CHECK(tps_quant_serving_config(ctx, ck, L->q, ck->config_out ? ck->config_out
+                                                                          : ck->config_text,
+                                           &E.config_written));
+    if (E.config_written)
+        E.config_why = "quantization_config names the quantized modules, which the engine "
+                       "cannot find in rank files (fused names)";
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
+                                E.config_written ? E.config_written : ck->config_out));
     TPS_CHECK(tps_sp_record_manifest(&E, o,
                                      L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));

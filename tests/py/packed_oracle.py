@@ -28,7 +28,7 @@ import os
 
 import numpy as np
 
-DT = {"F16": np.float16, "I32": np.int32, "BF16": np.uint16}
+DT = {"F16": np.float16, "I32": np.int32, "BF16": np.uint16, "F32": np.float32, "I64": np.int64}
 
 
 class Refused(Exception):
@@ -98,9 +98,35 @@ def build(d, method, family="llama", H=128, I=512, heads=4, kv=2, hd=32, layers=
             return _t((a.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16), "BF16")
         return _t(a, "F16")
 
+    def f8(*shape):
+        # finite E4M3 codes (not 0x7F/0xFF, the NaNs)
+        a = rng.integers(0, 0x7E, size=shape, dtype=np.int64).astype(np.uint8)
+        a |= (rng.integers(0, 2, size=shape, dtype=np.int64).astype(np.uint8) << 7)
+        return ("F8_E4M3", list(a.shape), a.tobytes())
+
+    def f32(v):
+        return _t(np.array(v, np.float32), "F32")
+
     def linear(name, n_in, n_out, with_bias=False):
         g = 1 if group == -1 else n_in // group
-        if method == "gptq":
+        if method in ("nvfp4", "ct-nvfp4"):
+            wn = ".weight" if method == "nvfp4" else ".weight_packed"
+            t[name + wn] = _t(rng.integers(0, 256, size=(n_out, n_in // 2), dtype=np.int64)
+                              .astype(np.uint8), "U8")
+            t[name + ".weight_scale"] = f8(n_out, n_in // 16)
+            if method == "nvfp4":
+                t[name + ".weight_scale_2"] = f32(rng.random() * 0.01)
+                t[name + ".input_scale"] = f32(rng.random() * 0.1)
+            else:
+                t[name + ".weight_global_scale"] = _t(np.array([rng.random() * 100], np.float32), "F32")
+                t[name + ".input_global_scale"] = _t(np.array([rng.random() * 100], np.float32), "F32")
+        elif method == "ct":
+            t[name + ".weight_packed"] = words(n_out, n_in // pf)
+            t[name + ".weight_scale"] = scales(n_out, g)
+            if not sym:
+                t[name + ".weight_zero_point"] = words(n_out // pf, g)
+            t[name + ".weight_shape"] = _t(np.array([n_out, n_in], np.int64), "I64")
+        elif method == "gptq":
             t[name + ".qweight"] = words(n_in // pf, n_out)
             t[name + ".scales"] = scales(g, n_out)
             t[name + ".qzeros"] = words(g, n_out // pf)
@@ -127,6 +153,10 @@ def build(d, method, family="llama", H=128, I=512, heads=4, kv=2, hd=32, layers=
         linear(p + "mlp.gate_proj", H, I)
         linear(p + "mlp.up_proj", H, I)
         linear(p + "mlp.down_proj", I, H)
+    if bad == "zp-shape":
+        n = "model.layers.1.self_attn.o_proj.weight_zero_point"
+        d0, s, b = t[n]
+        t[n] = (d0, [s[0] * 2, s[1]], b + b)
     if bad == "qzeros-shape":
         n = "model.layers.1.self_attn.o_proj.qzeros"
         d0, s, b = t[n]
@@ -137,8 +167,33 @@ def build(d, method, family="llama", H=128, I=512, heads=4, kv=2, hd=32, layers=
     qc = {"quant_method": method, "bits": bits, "group_size": group}
     if method == "gptq":
         qc.update({"sym": sym, "desc_act": desc_act, "checkpoint_format": "gptq"})
-    else:
+    elif method == "awq":
         qc.update({"zero_point": True, "version": "gemm"})
+    elif method == "ct":
+        qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+              "quantization_status": "compressed", "ignore": ["lm_head"], "kv_cache_scheme": None,
+              "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                            "output_activations": None,
+                                            "weights": {"num_bits": bits, "type": "int",
+                                                        "symmetric": sym,
+                                                        "strategy": "channel" if group == -1 else "group",
+                                                        "group_size": None if group == -1 else group,
+                                                        "actorder": None, "dynamic": False,
+                                                        "observer": "minmax"}}}}
+    elif method == "nvfp4":
+        qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+              "kv_cache_quant_algo": None, "exclude_modules": ["lm_head"]}
+    else:
+        qc = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+              "quantization_status": "compressed", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": ["Linear"],
+                                            "weights": {"num_bits": 4, "type": "float",
+                                                        "symmetric": True, "strategy": "tensor_group",
+                                                        "group_size": 16, "dynamic": False},
+                                            "input_activations": {"num_bits": 4, "type": "float",
+                                                                  "strategy": "tensor_group",
+                                                                  "group_size": 16,
+                                                                  "dynamic": "local"}}}}
     arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
             "mistral": "MistralForCausalLM"}[family]
     cfg = {"architectures": [arch], "model_type": family, "hidden_size": H,
@@ -153,7 +208,14 @@ def build(d, method, family="llama", H=128, I=512, heads=4, kv=2, hd=32, layers=
 
 
 def dropped(d):
-    return sorted(n for n in _st_read(os.path.join(d, "model.safetensors")) if n.endswith(".g_idx"))
+    """What vLLM never holds: GPTQ's g_idx; compressed-tensors' weight_shape of every part of
+    a fused module but the last in name order (v_proj, up_proj), which each part's load
+    overwrites."""
+    names = _st_read(os.path.join(d, "model.safetensors"))
+    out = [n for n in names if n.endswith(".g_idx")]
+    out += [n for n in names if n.endswith(".weight_shape") and
+            any(p in n for p in ("q_proj", "k_proj", "gate_proj"))]
+    return sorted(out)
 
 
 def _span(n, tp, r, what, name):
@@ -162,12 +224,43 @@ def _span(n, tp, r, what, name):
     return r * n // tp, n // tp
 
 
+def _parts(method, pf, group):
+    """(suffix, dim of the output features, their unit, input unit (0: one group), kind)
+    of each tensor a method stores per linear: w codes, s scales, z zero points,
+    shape (weight_shape), t one F32 value (global and input scales)."""
+    g = 0 if group == -1 else group
+    return {
+        "gptq": [("qweight", 1, 1, pf, "w"), ("scales", 1, 1, g, "s"), ("qzeros", 1, pf, g, "z")],
+        "awq": [("qweight", 1, pf, 1, "w"), ("scales", 1, 1, g, "s"), ("qzeros", 1, pf, g, "z")],
+        "ct": [("weight_packed", 0, 1, pf, "w"), ("weight_scale", 0, 1, g, "s"),
+               ("weight_zero_point", 0, pf, g, "z"), ("weight_shape", 0, 0, 0, "shape")],
+        "nvfp4": [("weight", 0, 1, 2, "w"), ("weight_scale", 0, 1, 16, "s"),
+                  ("weight_scale_2", 0, 0, 0, "t"), ("input_scale", 0, 0, 0, "t")],
+        "ct-nvfp4": [("weight_packed", 0, 1, 2, "w"), ("weight_scale", 0, 1, 16, "s"),
+                     ("weight_global_scale", 0, 0, 0, "t"), ("input_global_scale", 0, 0, 0, "t")],
+    }[method]
+
+
+def _method(qc):
+    m = qc["quant_method"]
+    if m == "compressed-tensors":
+        return "ct" if qc["format"] == "pack-quantized" else "ct-nvfp4"
+    return "nvfp4" if m == "modelopt" else m
+
+
 def expected_ranks(d, tp):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     src = _st_read(os.path.join(d, "model.safetensors"))
     qc = cfg["quantization_config"]
-    method, bits, group = qc["quant_method"], qc["bits"], qc["group_size"]
+    method = _method(qc)
+    if method == "ct":
+        w = qc["config_groups"]["group_0"]["weights"]
+        bits, group = w["num_bits"], (-1 if w["strategy"] == "channel" else w["group_size"])
+    elif method in ("nvfp4", "ct-nvfp4"):
+        bits, group = 4, 16
+    else:
+        bits, group = qc["bits"], qc["group_size"]
     pf = 32 // bits
     if method == "gptq" and not qc.get("sym", True):
         raise Refused("asymmetric GPTQ: vLLM raises Unsupported quantization config", "sym")
@@ -182,10 +275,20 @@ def expected_ranks(d, tp):
         raise Refused("heads", "num_attention_heads")
     if not (kv % tp == 0 or (kv < tp and tp % kv == 0)):
         raise Refused("kv heads", "num_key_value_heads")
-    for n, (dt, _, _) in src.items():
-        if n.endswith(".scales") and dt != "F16":
-            raise Refused("scales not in the model's dtype", n)
-    tr = method == "gptq"  # which dim holds the output features: 1 (GPTQ, AWQ store [in, out])
+    parts = _parts(method, pf, group)
+    if method in ("gptq", "awq", "ct"):  # scales in the model's dtype (params_dtype)
+        for n, (dt, _, _) in src.items():
+            if n.endswith("." + parts[1][0]) and dt != "F16":
+                raise Refused("scales not in the model's dtype", n)
+    one = lambda v: _t(np.array(v, np.float32), "F32")  # noqa: E731
+    extras = {"_k_scale": one(1.0), "_v_scale": one(1.0), "_q_scale": one(1.0), "_prob_scale": one(1.0)}
+    if method in ("ct", "ct-nvfp4"):  # CompressedTensorsKVCacheMethod
+        for x in "kvq":
+            extras[f"{x}_scale"] = _t(np.array([1.0], np.float32), "F32")
+            extras[f"{x}_zero_point"] = _t(np.array([0], np.float16), "F16")
+    if method == "nvfp4":  # ModelOpt's KV cache method, as Fp8Config's
+        for x in ("q", "k", "v", "prob"):
+            extras[f"{x}_scale"] = _t(np.array(-1.0, np.float16), "F16")
     ranks = []
     for r in range(tp):
         out = {}
@@ -202,55 +305,98 @@ def expected_ranks(d, tp):
             p = f"model.layers.{i}."
             for n in ("input_layernorm.weight", "post_attention_layernorm.weight"):
                 out[p + n] = src[p + n]
-            for s in ("_k_scale", "_v_scale", "_q_scale", "_prob_scale"):
-                out[p + "self_attn.attn." + s] = _t(np.array(1.0, np.float32), "F32")
+            for n, v in extras.items():
+                out[p + "self_attn.attn." + n] = v
             # column-parallel parts: the rank's output features of each
             kvr = r // (tp // kv) if tp >= kv else None
             q_lo, q_n = r * heads // tp * hd, heads // tp * hd
             k_lo, k_n = (kvr * hd, hd) if kvr is not None else (r * kv // tp * hd, kv // tp * hd)
             inter = cfg["intermediate_size"]
-            g_lo, g_n = _span(inter, tp, r, "output", p + "mlp.gate_proj.qweight")
+            g_lo, g_n = _span(inter, tp, r, "output", p + "mlp.gate_proj")
             fused = {
                 "self_attn.qkv_proj": [("self_attn.q_proj", q_lo, q_n), ("self_attn.k_proj", k_lo, k_n),
                                        ("self_attn.v_proj", k_lo, k_n)],
                 "mlp.gate_up_proj": [("mlp.gate_proj", g_lo, g_n), ("mlp.up_proj", g_lo, g_n)],
             }
-            for into, parts in fused.items():
-                for suf in ("qweight", "scales", "qzeros"):
-                    cols = []
-                    for mod, lo, n in parts:
-                        a = _arr(src[f"{p}{mod}.{suf}"])
-                        unit = pf if (suf == "qzeros" or (suf == "qweight" and not tr)) else 1
-                        if lo % unit or n % unit:
+            for into, mods in fused.items():
+                for suf, oax, ou, iu, kind in parts:
+                    names = [f"{p}{mod}.{suf}" for mod, _, _ in mods]
+                    if names[0] not in src:
+                        continue
+                    if kind == "t":
+                        out[f"{p}{into}.{suf}"] = _t(np.concatenate(
+                            [_arr(src[n]).reshape(1) for n in names]).astype(np.float32), "F32")
+                        continue
+                    if kind == "shape":  # the last part loaded, in name order
+                        out[f"{p}{into}.{suf}"] = src[max(names)]
+                        continue
+                    cut = []
+                    for (mod, lo, n), name in zip(mods, names):
+                        if lo % ou or n % ou:
                             raise Refused(f"{mod}.{suf}: a rank's output features [{lo}, {lo + n}) "
-                                          f"are not whole packed words", f"{p}{mod}.{suf}",
-                                          "packed words")
-                        cols.append(a[:, lo // unit:(lo + n) // unit])
-                    x = np.concatenate(cols, axis=1)
-                    out[f"{p}{into}.{suf}"] = _t(x, src[f"{p}{parts[0][0]}.{suf}"][0])
-                if f"{p}{parts[0][0]}.bias" in src:
+                                          f"are not whole packed words", name, "packed words")
+                        sl = [slice(None)] * 2
+                        sl[oax] = slice(lo // ou, (lo + n) // ou)
+                        cut.append(_cut(src[name], sl))
+                    out[f"{p}{into}.{suf}"] = _cat(cut, oax)
+                if f"{p}{mods[0][0]}.bias" in src:
                     out[f"{p}{into}.bias"] = _t(np.concatenate(
-                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in parts]), "F16")
+                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in mods]), "F16")
             # row-parallel: the rank's input features
             for mod, n_in in (("self_attn.o_proj", heads * hd), ("mlp.down_proj", inter)):
-                lo, n = _span(n_in, tp, r, "input", f"{p}{mod}.qweight")
-                for suf in ("qweight", "scales", "qzeros"):
-                    a = _arr(src[f"{p}{mod}.{suf}"])
-                    if suf == "qweight":
-                        unit = pf if tr else 1
-                    elif group == -1:
-                        if method == "awq" and tp > 1:
+                lo, n = _span(n_in, tp, r, "input", f"{p}{mod}")
+                for suf, oax, ou, iu, kind in parts:
+                    name = f"{p}{mod}.{suf}"
+                    if name not in src:
+                        continue
+                    if kind == "t":
+                        out[name] = _t(_arr(src[name]).reshape(1), "F32")
+                        continue
+                    if kind == "shape" or (iu == 0 and kind in "sz"):
+                        if iu == 0 and method == "awq" and tp > 1:
                             raise Refused("AWQ group -1 on a row-parallel layer",
                                           "input size is not aligned", "row-parallel")
-                        out[f"{p}{mod}.{suf}"] = src[f"{p}{mod}.{suf}"]
+                        out[name] = src[name]
                         continue
-                    else:
-                        unit = group
-                    if lo % unit or n % unit:
+                    if lo % iu or n % iu:
                         # the first tensor in name order tpshard meets: down_proj before o_proj
                         raise Refused(f"{mod}.{suf}: input features [{lo}, {lo + n}) not whole "
-                                      f"{'groups' if unit == group else 'words'}",
-                                      "groups" if unit == group else "packed words", "input features")
-                    out[f"{p}{mod}.{suf}"] = _t(a[lo // unit:(lo + n) // unit], src[f"{p}{mod}.{suf}"][0])
+                                      f"{'groups' if kind != 'w' else 'words'}",
+                                      "groups" if kind != "w" else "packed words", "input features")
+                    sl = [slice(None)] * 2
+                    sl[1 - oax] = slice(lo // iu, (lo + n) // iu)
+                    out[name] = _cut(src[name], sl)
         ranks.append(out)
     return ranks
+
+
+def _cut(t, sl):
+    """t (dtype, shape, bytes) sliced by sl, as raw bytes of its elements."""
+    d, s, b = t
+    es = {"I32": 4, "F16": 2, "BF16": 2, "U8": 1, "F8_E4M3": 1, "I64": 8, "F32": 4}[d]
+    a = np.frombuffer(b, dtype=np.dtype(f"V{es}")).reshape(s)[tuple(sl)]
+    a = np.ascontiguousarray(a)
+    return (d, list(a.shape), a.tobytes())
+
+
+def _cat(ts, axis):
+    d = ts[0][0]
+    es = {"I32": 4, "F16": 2, "BF16": 2, "U8": 1, "F8_E4M3": 1, "I64": 8, "F32": 4}[d]
+    a = np.concatenate([np.frombuffer(b, dtype=np.dtype(f"V{es}")).reshape(s) for _, s, b in ts],
+                       axis=axis)
+    return (d, list(a.shape), a.tobytes())
+
+
+def expected_config(d):
+    """The config.json vLLM needs beside GPTQ rank files: the source's, its
+    quantization_config naming the quantized modules
+    (modules_in_block_to_quantize), which vLLM otherwise looks for by dtype in
+    the files and, the fused modules' parts absent there, does not find."""
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    qc = cfg["quantization_config"]
+    if qc["quant_method"] == "gptq" and not qc.get("modules_in_block_to_quantize"):
+        names = _st_read(os.path.join(d, "model.safetensors"))
+        qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
+                                                    if n.endswith(".qweight"))
+    return cfg

@@ -16,6 +16,7 @@ code with tpshard:
 Run with build/venv/bin/python; env TPSHARD, TOP, TPS_TMP.
 """
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -53,6 +54,19 @@ MODELS = {
     "gptq-descact": ("gptq", {"desc_act": True}),
     "gptq-3bit": ("gptq", {"bits": 3, "I": 384, "H": 96, "hd": 24}),
     "gptq-bf16-scales": ("gptq", {"scale_dtype": "BF16"}),
+    # compressed-tensors pack-quantized (WNA16)
+    "ct-g128": ("ct", {"H": 256, "I": 512, "hd": 64}),
+    "ct-asym-g32": ("ct", {"sym": False, "group": 32}),
+    "ct-ch": ("ct", {"group": -1}),
+    "ct-8bit-qwen2": ("ct", {"bits": 8, "group": 64, "family": "qwen2"}),
+    # zero points of 4-bit codes: a KV head of 4 rows is half a word of them
+    "ct-asym-hd4": ("ct", {"sym": False, "hd": 4, "heads": 8, "H": 64, "I": 256, "group": 32}),
+    # NVFP4, ModelOpt and compressed-tensors
+    "nvfp4": ("nvfp4", {}),
+    "nvfp4-mistral": ("nvfp4", {"family": "mistral", "I": 384}),
+    # intermediate 224: tp 4 gives down_proj 56 input features, not whole 16-blocks
+    "nvfp4-i224": ("nvfp4", {"I": 224}),
+    "ct-nvfp4": ("ct-nvfp4", {}),
 }
 _BUILT = {}
 
@@ -92,7 +106,11 @@ def run_case(name, tp, full=False):
     if rc:
         report(False, f"{label}: split", f"rc {rc}\n{se}{so}")
         return
-    problems = ranktest.rank_file_problems(out, m, want, tp)
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, tp)
+                if not x.startswith("config.json differs")]
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f) != po.expected_config(m):
+            problems.append("config.json is not the source's with the quantized modules named")
     report(not problems, f"{label}: every rank file holds exactly the oracle's "
            f"{sum(len(w) for w in want)} tensors", "\n".join(problems[:20]))
     if not full:
@@ -109,10 +127,16 @@ def run_case(name, tp, full=False):
     bad += [f"{n} differs" for n in sorted(set(src) & set(got)) if src[n] != got[n]]
     bad += [f"{n} should be left out" for n in sorted(drop & set(got))]
     bad += [f"merge does not name {n}" for n in sorted(drop) if n not in se + so][:3]
+    with open(os.path.join(merged, "config.json"), "rb") as f, open(os.path.join(m, "config.json"), "rb") as g:
+        if f.read() != g.read():
+            bad.append("merge's config.json is not the source's, byte for byte")
     report(rc == 0 and not bad, f"{label}: merge gives back every tensor but the {len(drop)} "
-           f"g_idx, byte for byte, and names those", f"rc {rc}\n" + "\n".join(bad[:10]) + se[-500:])
+           f"left out (g_idx, fused parts' weight_shape), byte for byte, and names those", f"rc {rc}\n" + "\n".join(bad[:10]) + se[-500:])
     # one bit of a fused, strided qweight, and of a row-parallel one
-    for victim in ("model.layers.1.self_attn.qkv_proj.qweight", "model.layers.0.mlp.down_proj.scales"):
+    w, sc = {"gptq": ("qweight", "scales"), "awq": ("qweight", "scales"),
+             "ct": ("weight_packed", "weight_scale"), "nvfp4": ("weight", "weight_scale"),
+             "ct-nvfp4": ("weight_packed", "weight_scale")}[MODELS[name][0]]
+    for victim in (f"model.layers.1.self_attn.qkv_proj.{w}", f"model.layers.0.mlp.down_proj.{sc}"):
         tampered = out + "-t-" + victim.split(".")[-2]
         shutil.copytree(out, tampered)
         path = sorted(glob.glob(os.path.join(tampered, f"model-rank-{tp - 1}-part-*.safetensors")))[0]
@@ -142,9 +166,11 @@ def layout_refusals():
 
 
 def bad_inputs():
-    for bad, word in (("qzeros-shape", "model.layers.1.self_attn.o_proj.qzeros"),
-                      ("no-scales", "model.layers.0.mlp.up_proj.scales")):
-        m = po.build(os.path.join(TMP, "m-bad-" + bad), "gptq", bad=bad)
+    for bad, word, method, kw in (
+            ("qzeros-shape", "model.layers.1.self_attn.o_proj.qzeros", "gptq", {}),
+            ("no-scales", "model.layers.0.mlp.up_proj.scales", "gptq", {}),
+            ("zp-shape", "model.layers.1.self_attn.o_proj.weight_zero_point", "ct", {"sym": False})):
+        m = po.build(os.path.join(TMP, "m-bad-" + bad), method, bad=bad, **kw)
         out = os.path.join(TMP, "o-bad-" + bad)
         rc, _, se = tps("split", m, "--tp", 2, "-o", out, "--layout", "vllm")
         problems = ranktest.refusal_problems(rc, se, out, word, bad)
@@ -157,10 +183,16 @@ def main():
                        ("gptq-g32-qwen2", (2, 4)), ("awq-g128", (1, 2, 4)),
                        ("awq-g64-mistral", (2,)), ("awq-ch", (1, 2)), ("gptq-hd4", (1, 2)),
                        ("gptq-i384", (1, 2)), ("gptq-asym", (2,)), ("gptq-descact", (2,)),
-                       ("gptq-3bit", (2,)), ("gptq-bf16-scales", (2,))):
+                       ("gptq-3bit", (2,)), ("gptq-bf16-scales", (2,)),
+                       ("ct-g128", (1, 2, 4)), ("ct-asym-g32", (2, 4)), ("ct-ch", (2, 4)),
+                       ("ct-8bit-qwen2", (2,)), ("ct-asym-hd4", (1, 2)),
+                       ("nvfp4", (1, 2, 4)), ("nvfp4-mistral", (2, 4)), ("nvfp4-i224", (2, 4)),
+                       ("ct-nvfp4", (2, 4))):
         for tp in tps_:
             run_case(name, tp, full=(name, tp) in {("gptq-g128", 4), ("gptq-ch", 2),
-                                                   ("awq-g128", 2), ("gptq-g32-qwen2", 2)})
+                                                   ("awq-g128", 2), ("gptq-g32-qwen2", 2),
+                                                   ("ct-asym-g32", 4), ("ct-ch", 2), ("nvfp4", 2),
+                                                   ("ct-nvfp4", 4)})
     layout_refusals()
     bad_inputs()
     sys.exit(1 if ranktest.fails() else 0)
