@@ -117,6 +117,8 @@ int tps_lc_packed_fit(cstate *C);
 tps_err tps_lc_compile_fused(cstate *C);
 
 /* layout_experts.c */
+/* Is name a tensor of an expert the layout's experts entries stack? */
+int tps_lc_is_expert(const cstate *C, const char *name);
 int tps_lc_ep_served(cstate *C); /* --ep: 0 and a refusal for the DTensor layout */
 tps_err tps_lc_compile_experts(cstate *C);
 
@@ -159,6 +161,9 @@ tps_dtype tps_lc_serving_dtype(const cJSON *config);
 /* Packed integer methods (GPTQ, AWQ): every quantized linear's tensors,
  * fused and cut as the engine loads them. */
 tps_err tps_lc_compile_packed(cstate *C);
+/* The E experts of module (layout experts entry x) of a packed method:
+ * each stack's every part stacked [E, ...] as the engine's fused MoE holds it. */
+tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E);
 
 /* layout_pp.c */
 /* L's stages: pp and the partition (layers, or the engine's), checked. */

@@ -441,7 +441,8 @@ tps_err tps_lc_compile_packed(cstate *C)
         C->used[i] = 1;
     }
     for (size_t i = 0; i < ck->n && !C->why[0]; i++) {
-        if (C->used[i] || q->role[i] != TPS_QR_WEIGHT) continue;
+        if (C->used[i] || q->role[i] != TPS_QR_WEIGHT || tps_lc_is_expert(C, ck->t[i].name))
+            continue; /* experts: stacked by tps_lc_packed_experts */
         const char *nm = ck->t[i].name;
         size_t ml, which = 0, pl = 0;
         if (!tps_lc_module_of(nm, &ml)) continue;
@@ -495,4 +496,245 @@ tps_err tps_lc_compile_packed(cstate *C)
             if (lin.t[j] != SIZE_MAX) C->used[lin.t[j]] = 1;
     }
     return TPS_OK;
+}
+
+/* ------------------------------------------------------------------ experts */
+
+/* The engine's name of stack st's part p: "w13_weight" with the method's
+ * suffix for "weight" (w13_qweight, w13_weight_packed, w13_scales,
+ * w2_weight_scale_2, w13_input_scale). */
+static char *stack_part_name(cstate *C, const tps_lexperts *x, const char *module,
+                             const tps_lstack *st, const tps_qpart *p)
+{
+    const char *us = strchr(st->name, '_');
+    int pre = us ? (int)(us - st->name) : (int)strlen(st->name);
+    return tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%.*s_%s", module, x->into, pre,
+                                                      st->name, p->suffix + 1)
+                                      : tps_asprintf("%s.%.*s_%s", module, pre, st->name,
+                                                     p->suffix + 1));
+}
+
+/* Why each expert's weight_shape is not given back (vLLM keeps [E, 2] in
+ * the model's dtype, rebuilt from them). */
+static const char *const shape_left_out =
+    "an expert's weight_shape: vLLM 0.33's MoE holds the experts' shapes as one [E, 2] tensor "
+    "in the model's dtype (w13_weight_shape, w2_weight_shape), the last part's [out, in] per "
+    "expert, written as such";
+
+tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E)
+{
+    tps_layout *L = C->L;
+    const tps_quant *q = L->q;
+    const tps_qmethod *m = q->m;
+    const tps_ckpt *ck = C->ck;
+    uint64_t tp = (uint64_t)C->tp;
+    if (L->ep && E % tp) {
+        char works[300];
+        tps_lc_works_list(works, sizeof works, E, 0, tps_lc_ok_divides);
+        refuse(C, "%s = %llu is not divisible by the EP size %d (tp values that work: %s)",
+               x->count, (unsigned long long)E, C->tp, works);
+        return TPS_OK;
+    }
+    if (!L->ep && tp > E) {
+        refuse(C, "%s = %llu < tp %d: the engine refuses more ranks than experts", x->count,
+               (unsigned long long)E, C->tp);
+        return TPS_OK;
+    }
+    for (size_t pi = 0; L->ep && pi < m->nparts; pi++)
+        if (m->parts[pi].role == TPS_QR_INPUT_SCALE && m->parts[pi].per_tensor) {
+            refuse(C, "--ep with %s experts: vLLM 0.33's ModelOptNvFp4FusedMoE sizes the experts' "
+                      "input scales by the local or the global expert count depending on the GPU "
+                      "backend (use_global_sf), which the files cannot know; split without --ep",
+                   m->name);
+            return TPS_OK;
+        }
+    size_t nidx = 0;
+    for (size_t s = 0; s < x->nstacks; s++) nidx += x->stacks[s].nparts;
+    plinear *lin = tps_xcalloc((size_t)E * nidx, sizeof *lin);
+    if (!lin) return nomem(C);
+    tps_err rc = TPS_OK;
+    uint64_t I = 0, H = 0;
+    /* every expert's linears, of one shape: rows stacks [I out, H in], columns [H out, I in] */
+    for (uint64_t e = 0; e < E && !C->why[0]; e++) {
+        size_t k = 0;
+        for (size_t s = 0; s < x->nstacks && !C->why[0]; s++)
+            for (size_t j = 0; j < x->stacks[s].nparts && !C->why[0]; j++, k++) {
+                char *wn = tps_asprintf("%s.%llu.%s%s", module, (unsigned long long)e,
+                                        x->stacks[s].parts[j], m->weight_suffix);
+                int w = wn ? tps_ckpt_find(ck, wn) : -1;
+                if (!wn) {
+                    rc = nomem(C);
+                    goto out;
+                }
+                if (w < 0 || q->role[w] != TPS_QR_WEIGHT) {
+                    refuse(C, "config.json says %s = %llu, but the checkpoint lacks the "
+                              "quantized '%s'", x->count, (unsigned long long)E, wn);
+                    free(wn);
+                    goto out;
+                }
+                free(wn);
+                plinear *pl = &lin[e * nidx + k];
+                linear_of(C, (size_t)w, pl);
+                uint64_t i_ = x->stacks[s].dim ? pl->in : pl->out, h_ = x->stacks[s].dim ? pl->out : pl->in;
+                if (!I) {
+                    I = i_;
+                    H = h_;
+                }
+                if (i_ != I || h_ != H) {
+                    refuse(C, "expert tensor '%s' holds %llu x %llu features, not the other "
+                              "experts' (intermediate %llu, hidden %llu): layout %s stacks "
+                              "experts of one shape",
+                           ck->t[w].name, (unsigned long long)pl->out, (unsigned long long)pl->in,
+                           (unsigned long long)I, (unsigned long long)H, L->spec->name);
+                    goto out;
+                }
+            }
+    }
+    int present;
+    uint64_t want = x->rows ? tps_lc_config_count(ck->config, x->rows, &present) : I;
+    if (x->rows && present && want != I) {
+        refuse(C, "%s = %llu in config.json, but the experts of '%s' have %llu", x->rows,
+               (unsigned long long)want, module, (unsigned long long)I);
+        goto out;
+    }
+    if (!L->ep && I % tp) {
+        char works[300];
+        tps_lc_works_list(works, sizeof works, I, 0, tps_lc_ok_divides);
+        refuse(C, "%s = %llu is not divisible by tp %d (tp values that work: %s; or split with "
+                  "--ep)", x->rows ? x->rows : "the expert intermediate size",
+               (unsigned long long)I, C->tp, works);
+        goto out;
+    }
+    uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
+    tps_dtype md = tps_lc_serving_dtype(ck->config);
+    for (int r = 0; r < C->tp && !C->why[0]; r++) {
+        uint64_t e0 = L->ep ? (uint64_t)r * Er : 0, lo = L->ep ? 0 : (uint64_t)r * Ir;
+        size_t k0 = 0;
+        for (size_t s = 0; s < x->nstacks && !C->why[0]; s++) {
+            const tps_lstack *st = &x->stacks[s];
+            int cols = st->dim == 1; /* the stack cuts input features (down_proj) */
+            for (size_t pi = 0; pi < m->nparts && !C->why[0]; pi++) {
+                const tps_qpart *p = &m->parts[pi];
+                if (p->role == TPS_QR_UNUSED) continue;
+                const plinear *l0 = &lin[e0 * nidx + k0];
+                if (l0->t[pi] == SIZE_MAX) continue;
+                const tps_ctensor *t0 = &ck->t[l0->t[pi]];
+                char *name = stack_part_name(C, x, module, st, p);
+                if (!name) {
+                    rc = nomem(C);
+                    goto out;
+                }
+                tps_rtensor *rt;
+                if (p->role == TPS_QR_SHAPE) {
+                    /* [E, 2] in the model's dtype: each expert's last part's [out, in] */
+                    uint64_t sh[2] = {Er, 2};
+                    TPS_CHECK(tps_lc_new_rt(C, name, r, md, 2, sh, "experts", &rt));
+                    size_t es = tps_dtype_bits(md) / 8;
+                    uint64_t o = cols ? H : I, in = cols ? I : H;
+                    for (uint64_t k = 0; k < Er; k++) {
+                        TPS_CHECK(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST,
+                                                   .at = k * 2 * es, .nbytes = es, .value = (double)o}));
+                        TPS_CHECK(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST,
+                                                   .at = (k * 2 + 1) * es, .nbytes = es,
+                                                   .value = (double)in}));
+                    }
+                    continue;
+                }
+                if (p->per_tensor) {
+                    /* [E, nparts] (w13) or [E] (w2) F32 */
+                    uint64_t sh[2] = {Er, st->nparts};
+                    TPS_CHECK(tps_lc_new_rt(C, name, r, TPS_F32, st->nparts > 1 ? 2 : 1, sh,
+                                            "experts", &rt));
+                    for (uint64_t k = 0; k < Er; k++)
+                        for (size_t j = 0; j < st->nparts; j++)
+                            TPS_CHECK(tps_lc_src_piece(C, rt, lin[(e0 + k) * nidx + k0 + j].t[pi], -1,
+                                                       0, 0, (k * st->nparts + j) * 4));
+                    continue;
+                }
+                uint64_t ou, iu;
+                int oax, iax;
+                part_units(q, p, t0, &ou, &iu, &oax, &iax);
+                uint64_t u = cols ? iu : ou;
+                int ax = cols ? iax : oax, whole = L->ep || (cols && iu == 0);
+                if (cols && iu == 0 && tp > 1 && !L->ep && m->channel_rowwise_refusal) {
+                    refuse(C, "tensor '%s': experts with quantization_config.group_size -1: %s",
+                           t0->name, m->channel_rowwise_refusal);
+                    goto out;
+                }
+                if (!whole && !on_units(lo, Ir, u)) {
+                    refuse_units(C, t0, cols ? "input" : "output", I, lo, Ir, u, 0, 0,
+                                 cols && p->in_by == 1);
+                    goto out;
+                }
+                /* one expert's part j on this rank: [a, b) along ax of its tensor */
+                uint64_t a = whole ? 0 : lo / u, b = whole ? t0->shape[ax] : (lo + Ir) / u;
+                uint64_t sh3[3] = {Er, t0->shape[0], t0->shape[1]};
+                sh3[1 + ax] = (b - a) * (cols ? 1 : st->nparts);
+                TPS_CHECK(tps_lc_new_rt(C, name, r, t0->dtype, 3, sh3, "experts", &rt));
+                size_t es = tps_dtype_bits(t0->dtype) / 8;
+                uint64_t per_e = sh3[1] * sh3[2] * es;
+                for (uint64_t k = 0; k < Er; k++)
+                    for (size_t j = 0; j < st->nparts; j++) {
+                        const plinear *pl = &lin[(e0 + k) * nidx + k0 + j];
+                        size_t src = pl->t[pi];
+                        if (src == SIZE_MAX || ck->t[src].dtype != t0->dtype ||
+                            ck->t[src].shape[0] != t0->shape[0] || ck->t[src].shape[1] != t0->shape[1]) {
+                            refuse(C, "expert tensor '%s' does not match '%s' in dtype or "
+                                      "shape: layout %s stacks experts of one shape",
+                                   src == SIZE_MAX ? m->parts[pi].suffix : ck->t[src].name,
+                                   t0->name, L->spec->name);
+                            goto out;
+                        }
+                        int d = whole ? -1 : ax;
+                        if (ax == 0 || st->nparts == 1) {
+                            /* rows (or the only part): one run at its place */
+                            uint64_t rowb = tps_lc_inner_bits(&ck->t[src], 0) / 8;
+                            uint64_t at = k * per_e + (ax == 0 ? j * (b - a) * rowb : 0);
+                            TPS_CHECK(tps_lc_src_piece(C, rt, src, d, a, b, at));
+                        } else {
+                            /* the parts side by side along the last dim: strided */
+                            TPS_CHECK(tps_lc_src_piece_run(C, rt, src, d, a, b,
+                                                           k * per_e + j * (b - a) * es,
+                                                           (b - a) * es));
+                        }
+                    }
+            }
+            if (m->weight_suffix && !strcmp(m->name, "gptq")) {
+                /* AutoGPTQMoEMethod creates w13_bias [E, 2 I_p] and w2_bias [E, H],
+                 * zeros, whether the checkpoint has biases or not */
+                char *bn = tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%.*s_bias", module, x->into,
+                                                                    (int)strcspn(st->name, "_"), st->name)
+                                                      : tps_asprintf("%s.%.*s_bias", module,
+                                                                     (int)strcspn(st->name, "_"), st->name));
+                if (!bn) {
+                    rc = nomem(C);
+                    goto out;
+                }
+                uint64_t sh[2] = {Er, cols ? H : st->nparts * Ir};
+                tps_rtensor *rt;
+                TPS_CHECK(tps_lc_new_rt(C, bn, r, md, 2, sh, "experts", &rt));
+                TPS_CHECK(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = 0,
+                                                               .nbytes = rt->nbytes}));
+            }
+            k0 += st->nparts;
+        }
+    }
+    /* every expert tensor is placed (or, for weight_shape, rebuilt and listed) */
+    for (uint64_t e = 0; e < E; e++)
+        for (size_t k = 0; k < nidx; k++)
+            for (size_t pi = 0; pi < m->nparts; pi++) {
+                size_t t = lin[e * nidx + k].t[pi];
+                if (t == SIZE_MAX) continue;
+                C->used[t] = 1;
+                if (m->parts[pi].role == TPS_QR_SHAPE) {
+                    if (!L->dropped && !(L->dropped = tps_xcalloc(ck->n, sizeof *L->dropped))) {
+                        rc = nomem(C);
+                        goto out;
+                    }
+                    L->dropped[t] = shape_left_out;
+                }
+            }
+out:
+    free(lin);
+    return rc;
 }

@@ -258,6 +258,16 @@ MODELS = {
                                                       heads=4, kv=2, hd=32, group=32),
     "llama-awq-g128": lambda out: packed_oracle.build(out, "awq", H=512, I=1024, heads=8, kv=2,
                                                       hd=64),
+    # compressed-tensors W4A16 (RedHatAI's w4a16 releases), tp 2 and 8
+    "llama-ct-w4a16": lambda out: packed_oracle.build(out, "ct", H=1024, I=2048, heads=8, kv=8,
+                                                      hd=128),
+    "qwen2-ct-w4a16-asym": lambda out: packed_oracle.build(out, "ct", family="qwen2", H=256,
+                                                           I=512, heads=4, kv=2, hd=64,
+                                                           sym=False, group=32),
+    "llama-nvfp4": lambda out: packed_oracle.build(out, "nvfp4", H=256, I=512, heads=4, kv=2,
+                                                   hd=64),
+    "llama-ct-nvfp4": lambda out: packed_oracle.build(out, "ct-nvfp4", H=256, I=512, heads=4,
+                                                      kv=2, hd=64),
 }
 
 

@@ -400,3 +400,201 @@ def expected_config(d):
         qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
                                                     if n.endswith(".qweight"))
     return cfg
+
+
+# ------------------------------------------------------------------ mixtures of experts
+
+def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, group=32, sym=True,
+              bits=4, seed=3):
+    """A tiny Qwen3-MoE checkpoint (family_oracle's BF16 one) whose experts are
+    packed (method as build's), the attention, router, norms and embeddings
+    BF16, as Kimi-K2's W4A16 releases keep them. Returns d."""
+    import family_oracle as fo
+    import serving_oracle as so
+    base = d + "-bf16"
+    fo.qwen3_moe_checkpoint(base, hidden=H, heads=heads, kv_heads=kv, head_dim=hd, experts=E,
+                            moe_inter=I, vocab=128, layers=layers)
+    config, tensors = so.load_checkpoint(base)
+    rng = np.random.default_rng(seed)
+    pf = 32 // bits
+    os.makedirs(d, exist_ok=True)
+    out = {}
+    for n, t in tensors.items():
+        if ".mlp.experts." not in n:
+            out[n] = t
+            continue
+        stem = n[:-len(".weight")]
+        n_out, n_in = t[1]
+        g = 1 if group == -1 else n_in // group
+
+        def words(*shape):
+            return _t(rng.integers(-2**31, 2**31 - 1, size=shape, dtype=np.int64).astype(np.int32), "I32")
+
+        def bf16s(*shape):
+            a = (rng.random(shape) * 0.02 + 0.001).astype(np.float32)
+            return _t((a.view(np.uint32) >> 16).astype(np.uint16), "BF16")
+        if method == "gptq":
+            out[stem + ".qweight"] = words(n_in // pf, n_out)
+            out[stem + ".scales"] = bf16s(g, n_out)
+            out[stem + ".qzeros"] = words(g, n_out // pf)
+        elif method == "ct":
+            out[stem + ".weight_packed"] = words(n_out, n_in // pf)
+            out[stem + ".weight_scale"] = bf16s(n_out, g)
+            if not sym:
+                out[stem + ".weight_zero_point"] = words(n_out // pf, g)
+            out[stem + ".weight_shape"] = _t(np.array([n_out, n_in], np.int64), "I64")
+        else:  # nvfp4
+            out[stem + ".weight"] = _t(rng.integers(0, 256, size=(n_out, n_in // 2),
+                                                    dtype=np.int64).astype(np.uint8), "U8")
+            a = rng.integers(0, 0x7E, size=(n_out, n_in // 16), dtype=np.int64).astype(np.uint8)
+            out[stem + ".weight_scale"] = ("F8_E4M3", list(a.shape), a.tobytes())
+            out[stem + ".weight_scale_2"] = _t(np.array(rng.random() * 0.01, np.float32), "F32")
+            out[stem + ".input_scale"] = _t(np.array(rng.random() * 0.1, np.float32), "F32")
+    _st_write(os.path.join(d, "model.safetensors"), out)
+    if method == "gptq":
+        qc = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": True,
+              "desc_act": False}
+    elif method == "ct":
+        qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
+              "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
+              "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                            "weights": {"num_bits": bits, "type": "int",
+                                                        "symmetric": sym,
+                                                        "strategy": "channel" if group == -1 else "group",
+                                                        "group_size": None if group == -1 else group,
+                                                        "actorder": None}}}}
+    else:
+        qc = {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
+              "kv_cache_quant_algo": None, "exclude_modules": ["lm_head", "*self_attn*", "*mlp.gate"]}
+    config["quantization_config"] = qc
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    return d
+
+
+def expected_moe_ranks(d, tp, ep=False):
+    """vLLM's rank state of build_moe's checkpoint: family_oracle's BF16 picture
+    of the same model with the packed stacks in place of w13_weight/w2_weight
+    (AutoGPTQMoEMethod, CompressedTensorsWNA16MoEMethod, ModelOptNvFp4FusedMoE
+    create_weights; routed_experts.py's loaders):
+      w13_<part> per expert the rank's rows of gate then up along the output
+      dim (GPTQ: the last, [E, H/pf, 2 I_p]; compressed-tensors and NVFP4: the
+      rows, [E, 2 I_p, ...]); w2_<part> the rank's input features (GROUP and
+      the codes cut, CHANNEL scales whole); NVFP4's scale_2 / input_scale
+      [E, 2] and [E]; compressed-tensors' weight_shape [E, 2] in the model's
+      dtype ([I, H] and [H, I]); GPTQ's w13_bias [E, 2 I_p] and w2_bias
+      [E, H] zeros."""
+    import family_oracle as fo
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    src = _st_read(os.path.join(d, "model.safetensors"))
+    qc = cfg["quantization_config"]
+    method = _method(qc)
+    if method == "ct":
+        w = qc["config_groups"]["group_0"]["weights"]
+        bits, group = w["num_bits"], (-1 if w["strategy"] == "channel" else w["group_size"])
+    elif method == "nvfp4":
+        bits, group = 4, 16
+    else:
+        bits, group = qc["bits"], qc["group_size"]
+    pf = 32 // bits
+    E, I, H = cfg["num_experts"], cfg["moe_intermediate_size"], cfg["hidden_size"]
+    # the BF16 picture, its experts any BF16 bytes of the right shapes
+    plain = {n: t for n, t in src.items() if ".mlp.experts." not in n}
+    for i in range(cfg["num_hidden_layers"]):
+        for e in range(E):
+            p = f"model.layers.{i}.mlp.experts.{e}."
+            plain[p + "gate_proj.weight"] = ("BF16", [I, H], bytes(2 * I * H))
+            plain[p + "up_proj.weight"] = ("BF16", [I, H], bytes(2 * I * H))
+            plain[p + "down_proj.weight"] = ("BF16", [H, I], bytes(2 * I * H))
+    bcfg = {k: v for k, v in cfg.items() if k != "quantization_config"}
+    try:
+        ranks = fo.expected_ranks_from(bcfg, plain, "vllm", tp, ep)
+    except fo.Rejected as e:
+        raise Refused(str(e), "")
+    mtp = 1 if ep else tp
+    if I % mtp:
+        raise Refused("moe_intermediate_size not divisible", "moe_intermediate_size")
+    Ip = I // mtp
+    Er = E // tp if ep else E
+    parts = _parts(method, pf, group)
+    for r in range(tp):
+        out = ranks[r]
+        e0 = r * Er if ep else 0
+        lo = 0 if ep else r * Ip
+        for n in [n for n in out if ".routed_experts.w13_weight" in n or ".routed_experts.w2_weight" in n]:
+            del out[n]
+        for i in range(cfg["num_hidden_layers"]):
+            P = f"model.layers.{i}.mlp.experts."
+            base = P + "routed_experts."
+            if method == "ct":
+                for x in "kvq":
+                    out[f"model.layers.{i}.self_attn.attn.{x}_scale"] = _t(np.array([1.0], np.float32), "F32")
+                    out[f"model.layers.{i}.self_attn.attn.{x}_zero_point"] = _t(np.array([0], np.uint16), "BF16")
+            if method == "nvfp4":
+                for x in ("q", "k", "v", "prob"):
+                    out[f"model.layers.{i}.self_attn.attn.{x}_scale"] = (
+                        "BF16", [], (np.array([-1.0], np.float32).view(np.uint32) >> 16)
+                        .astype(np.uint16).tobytes())
+            for stack, leaves, cols in (("w13", ("gate_proj", "up_proj"), False),
+                                        ("w2", ("down_proj",), True)):
+                for suf, oax, ou, iu, kind in parts:
+                    first = f"{P}{e0}.{leaves[0]}.{suf}"
+                    if first not in src:
+                        continue
+                    name = f"{base}{stack}_{suf}"
+                    if kind == "shape":
+                        v = [H, I] if cols else [I, H]
+                        a = np.array([v] * Er, np.float32)
+                        out[name] = ("BF16", [Er, 2], (a.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+                        continue
+                    if kind == "t":
+                        a = np.array([[_arr(src[f"{P}{e}.{lf}.{suf}"]).item() for lf in leaves]
+                                      for e in range(e0, e0 + Er)], np.float32)
+                        out[name] = _t(a.reshape(Er) if cols else a, "F32")
+                        continue
+                    per = []
+                    for e in range(e0, e0 + Er):
+                        cut = []
+                        for lf in leaves:
+                            t = src[f"{P}{e}.{lf}.{suf}"]
+                            sl = [slice(None)] * 2
+                            if ep:
+                                pass
+                            elif cols:
+                                if iu == 0:
+                                    pass
+                                else:
+                                    if lo % iu or Ip % iu:
+                                        raise Refused("experts' input features not whole groups",
+                                                      "groups" if kind != "w" else "packed words")
+                                    sl[1 - oax] = slice(lo // iu, (lo + Ip) // iu)
+                            else:
+                                if lo % ou or Ip % ou:
+                                    raise Refused("experts' output features not whole words",
+                                                  "packed words")
+                                sl[oax] = slice(lo // ou, (lo + Ip) // ou)
+                            cut.append(_cut(t, sl))
+                        per.append(_cat(cut, oax) if len(cut) > 1 else cut[0])
+                    d0 = per[0][0]
+                    out[name] = (d0, [Er] + per[0][1], b"".join(x[2] for x in per))
+                if method == "gptq":
+                    out[f"{base}{stack}_bias"] = ("BF16", [Er, H if cols else 2 * Ip],
+                                                  bytes(2 * Er * (H if cols else 2 * Ip)))
+    return ranks
+
+
+def moe_dropped(d):
+    names = _st_read(os.path.join(d, "model.safetensors"))
+    return sorted(n for n in names if n.endswith(".weight_shape"))
+
+
+def moe_expected_config(d):
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    qc = cfg["quantization_config"]
+    if qc["quant_method"] == "gptq" and not qc.get("modules_in_block_to_quantize"):
+        names = _st_read(os.path.join(d, "model.safetensors"))
+        qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
+                                                    if n.endswith(".qweight"))
+    return cfg

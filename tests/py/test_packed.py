@@ -149,6 +149,59 @@ def run_case(name, tp, full=False):
         report(rc == 1, f"{label}: verify --source fails with it", f"rc {rc}\n{se}{so[-800:]}")
 
 
+MOE = {
+    "moe-ct-g32": ("ct", {}),
+    "moe-ct-asym-ch": ("ct", {"sym": False, "group": -1}),
+    "moe-gptq-g32": ("gptq", {}),
+    "moe-nvfp4": ("nvfp4", {}),
+    # experts of 96 rows, groups of 32: tp 2 gives down_proj 48 input features
+    "moe-ct-i96": ("ct", {"I": 96, "E": 8}),
+}
+
+
+def moe_case(name, tp, ep=False, full=False):
+    method, kw = MOE[name]
+    m = os.path.join(TMP, "m-" + name)
+    if not os.path.exists(os.path.join(m, "config.json")):
+        po.build_moe(m, method, **kw)
+    label = f"packed vllm {name} tp {tp}{' --ep' if ep else ''}"
+    out = os.path.join(TMP, f"o-{name}-{tp}{'-ep' if ep else ''}")
+    args = ["split", m, "--tp", tp, "-o", out, "-q", "--layout", "vllm"] + (["--ep"] if ep else [])
+    try:
+        want = po.expected_moe_ranks(m, tp, ep)
+    except po.Refused as e:
+        rc, _, se = tps(*args)
+        problems = ranktest.refusal_problems(rc, se, out, e.words[0], e.reason)
+        report(not problems, f"{label}: refused ({e.reason})", "\n".join(problems) + "\n" + se)
+        return
+    rc, so, se = tps(*args)
+    if rc:
+        report(False, f"{label}: split", f"rc {rc}\n{se}{so}")
+        return
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, tp)
+                if not x.startswith("config.json differs")]
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f) != po.moe_expected_config(m):
+            problems.append("config.json is not the source's with the quantized modules named")
+    report(not problems, f"{label}: every rank file holds exactly the oracle's "
+           f"{sum(len(w) for w in want)} tensors", "\n".join(problems[:20]))
+    if not full:
+        return
+    rc, so, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes", f"rc {rc}\n{se}{so}")
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", f"rc {rc}\n{se}{so[-1500:]}")
+    merged = out + "-merged"
+    rc, so, se = tps("merge", out, "-o", merged)
+    src, got = sources(m), sources(merged) if rc == 0 else {}
+    drop = set(po.moe_dropped(m))
+    bad = [f"{n} missing" for n in sorted(set(src) - set(got) - drop)]
+    bad += [f"{n} differs" for n in sorted(set(src) & set(got)) if src[n] != got[n]]
+    bad += [f"merge does not name {n}" for n in sorted(drop) if n not in se + so][:3]
+    report(rc == 0 and not bad, f"{label}: merge gives back every tensor but the {len(drop)} "
+           f"left out, byte for byte, and names those", "\n".join(bad[:10]) + se[-300:])
+
+
 def layout_refusals():
     m = model("gptq-g128")
     for layout, word in (("dtensor", "no DTensor consumer loads packed weights"),
@@ -193,6 +246,19 @@ def main():
                                                    ("awq-g128", 2), ("gptq-g32-qwen2", 2),
                                                    ("ct-asym-g32", 4), ("ct-ch", 2), ("nvfp4", 2),
                                                    ("ct-nvfp4", 4)})
+    for name, tps_ in (("moe-ct-g32", (1, 2, 4)), ("moe-ct-asym-ch", (2, 4)),
+                       ("moe-gptq-g32", (2, 4)), ("moe-nvfp4", (2, 4)), ("moe-ct-i96", (1, 2))):
+        for tp in tps_:
+            moe_case(name, tp, full=(name, tp) in {("moe-ct-g32", 2), ("moe-gptq-g32", 4),
+                                                   ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4)})
+    moe_case("moe-ct-g32", 2, ep=True)
+    moe_case("moe-ct-i96", 4, ep=True)
+    m = os.path.join(TMP, "m-moe-nvfp4")
+    out = os.path.join(TMP, "o-moe-nvfp4-ep")
+    rc, _, se = tps("split", m, "--tp", 2, "--ep", "-o", out, "--layout", "vllm")
+    problems = ranktest.refusal_problems(rc, se, out, "use_global_sf", "NVFP4 experts under --ep")
+    report(not problems, "packed vllm moe-nvfp4 tp 2 --ep: refused (the input scales' expert "
+           "count depends on the GPU backend)", "\n".join(problems) + "\n" + se)
     layout_refusals()
     bad_inputs()
     sys.exit(1 if ranktest.fails() else 0)
