@@ -408,6 +408,14 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         tps_layout_check(L, i, &c);
         printf("  %-7s %s: %s\n", c.ok == 1 ? "pass" : c.ok == 0 ? "FAIL" : "skipped", c.name, c.detail);
     }
+    int ok[64], nok = 0;
+    if (tps_layout_pp(L) == 1 &&
+        !tps_layout_working_tps(ctx, ck, plan, tps_layout_spec_of(L), tps_layout_ep(L), 1, NULL,
+                                ok, &nok)) {
+        printf("\ntp values that work (every rule of this checkpoint together, up to 64): ");
+        for (int i = 0; i < nok; i++) printf("%s%d", i ? ", " : "", ok[i]);
+        printf("%s\n", nok ? "" : "none");
+    }
     if (rej) printf("\nverdict: rejected: %s\n", rej);
     else printf("\nverdict: accepted\n");
     return rej ? 1 : 0;

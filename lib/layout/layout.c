@@ -349,6 +349,7 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
 }
 
 int tps_layout_ep(const tps_layout *L) { return L->ep; }
+const tps_layout_spec *tps_layout_spec_of(const tps_layout *L) { return L->spec; }
 
 /* A layout of ck's tensors, nothing placed yet. */
 static tps_layout *layout_alloc(const tps_ckpt *ck, const tps_plan *plan, const tps_lspec *spec,
@@ -674,4 +675,23 @@ void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tp
     case TPS_PK_ZERO: v->kind = "zeros"; v->dim = -1; break;
     case TPS_PK_CONST: v->kind = "constant"; v->dim = -1; v->value = p->value; break;
     }
+}
+
+tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                               const tps_layout_spec *spec, int ep, int pp, const int *layers,
+                               int *out, int *n)
+{
+    *n = 0;
+    /* every family splits its attention heads: only their divisors can work */
+    int present;
+    uint64_t heads = tps_lc_config_count(ck->config, "num_attention_heads", &present);
+    for (int tp = 1; tp <= 64; tp++) {
+        if (heads && heads % (uint64_t)tp) continue;
+        tps_layout *L = NULL;
+        tps_err rc = tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, pp, layers, &L);
+        if (rc == TPS_E_NOMEM) return rc;
+        if (!rc && L && !L->rejected) out[(*n)++] = tp;
+        tps_layout_free(L);
+    }
+    return TPS_OK;
 }

@@ -202,6 +202,31 @@ def moe_case(name, tp, ep=False, full=False):
            f"left out, byte for byte, and names those", "\n".join(bad[:10]) + se[-300:])
 
 
+def working_tps():
+    """plan --json's working_tp: every tp the oracle accepts, no other."""
+    for name in ("gptq-g128", "gptq-i384", "ct-asym-hd4", "nvfp4-i224", "awq-ch", "ct-g128",
+                 "gptq-g32-qwen2", "nvfp4"):
+        m = model(name)
+        with open(os.path.join(m, "config.json")) as f:
+            heads = json.load(f)["num_attention_heads"]
+        want = []
+        for tp in range(1, 65):
+            if heads % tp:
+                continue
+            try:
+                po.expected_ranks(m, tp)
+                want.append(tp)
+            except po.Refused:
+                pass
+        rc, so, se = tps("plan", m, "--tp", 1, "--layout", "vllm", "--json")
+        try:
+            got = json.loads(so).get("working_tp")
+        except ValueError:
+            got = None
+        report(got == want, f"packed: plan --json of {name} lists the tp values every rule "
+               f"allows: {want}", f"got {got}\n{se}")
+
+
 def layout_refusals():
     m = model("gptq-g128")
     for layout, word in (("dtensor", "no DTensor consumer loads packed weights"),
@@ -259,6 +284,7 @@ def main():
     problems = ranktest.refusal_problems(rc, se, out, "use_global_sf", "NVFP4 experts under --ep")
     report(not problems, "packed vllm moe-nvfp4 tp 2 --ep: refused (the input scales' expert "
            "count depends on the GPU backend)", "\n".join(problems) + "\n" + se)
+    working_tps()
     layout_refusals()
     bad_inputs()
     sys.exit(1 if ranktest.fails() else 0)
