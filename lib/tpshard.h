@@ -271,6 +271,15 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
 tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_layout_spec *spec, int ep, int pp, const int *layers,
                                int *out, int *n);
+/* tps_layout_new_pp, with split --pad-intermediate (pad 1): where the MLP's
+ * intermediate size does not split at tp on whole groups and words, it is
+ * zero-padded to the next size that does (tps_layout_padding says to what). */
+tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                              const tps_layout_spec *spec, int tp, int ep, int pp,
+                              const int *layers, int pad, tps_layout **out);
+/* The padding a layout made: 1 and config.json's field, the size it had
+ * and the size the rank files hold; 0 when none. */
+int tps_layout_padding(const tps_layout *L, const char **field, uint64_t *from, uint64_t *to);
 int tps_layout_pp(const tps_layout *L);     /* 1 without pipeline parallelism */
 int tps_layout_ranks(const tps_layout *L);  /* tp * pp: the ranks (workers) with rank files */
 /* Stage s's layers: [*first, *first + *n); the whole model at pp 1 (n 0 without a count). */

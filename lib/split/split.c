@@ -665,12 +665,20 @@ static tps_err write_constants(engine *E)
         for (size_t j = 0; j < rt->npieces; j++) {
             const tps_lpiece *p = &L->pieces[rt->piece0 + j];
             if (p->kind != TPS_PK_CONST) continue;
-            unsigned char el[8];
+            unsigned char el[8], pat[4096];
             size_t es = tps_dtype_bits(rt->dtype) / 8;
             tps_encode_value(rt->dtype, p->value, el);
+            for (size_t b = 0; b < sizeof pat; b++) pat[b] = el[b % es];
             ofile *f = &E->files[E->slots[k].file];
-            for (uint64_t a = 0; a < p->nbytes; a += es)
-                TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, el, es, E->slots[k].off + p->at + a));
+            /* in runs `stride` apart (a pad piece beside other parts), or one */
+            uint64_t run = p->run ? p->run : p->nbytes, stride = p->run ? tps_rt_stride(rt) : 0;
+            for (uint64_t r0 = 0; run && r0 < p->nbytes; r0 += run) {
+                uint64_t at = E->slots[k].off + p->at + r0 / run * stride;
+                for (uint64_t a = 0; a < run; a += sizeof pat) {
+                    size_t n = (size_t)(run - a < sizeof pat ? run - a : sizeof pat);
+                    TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, pat, n, at + a));
+                }
+            }
         }
     }
     return TPS_OK;
@@ -1015,6 +1023,33 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (E.config_written)
         E.config_why = "quantization_config names the quantized modules, which the engine "
                        "cannot find in rank files (fused names)";
+    const char *pf;
+    uint64_t pfrom, pto;
+    if (tps_layout_padding(L, &pf, &pfrom, &pto)) {
+        /* --pad-intermediate: the engine builds the padded model */
+        const char *base = E.config_written ? E.config_written
+                           : ck->config_out ? ck->config_out : ck->config_text;
+        cJSON *cfg = base ? cJSON_Parse(base) : NULL;
+        cJSON *where = cfg;
+        if (cfg && !cJSON_GetObjectItemCaseSensitive(cfg, pf) &&
+            cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(cfg, "text_config")))
+            where = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+        char *text = NULL;
+        if (where) {
+            cJSON_DeleteItemFromObjectCaseSensitive(where, pf);
+            cJSON_AddNumberToObject(where, pf, (double)pto);
+            char *t = cJSON_Print(cfg);
+            text = t ? tps_asprintf("%s\n", t) : NULL;
+            free(t);
+        }
+        cJSON_Delete(cfg);
+        TPS_FAIL_IF(!text, ctx, TPS_E_NOMEM, "out of memory");
+        free(E.config_written);
+        E.config_written = text;
+        E.config_why = E.config_why ? "the quantized modules named, and --pad-intermediate's "
+                                      "size of the MLP"
+                                    : "--pad-intermediate: the MLP's padded size";
+    }
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
                                 E.config_written ? E.config_written : ck->config_out));
     TPS_CHECK(tps_sp_record_manifest(&E, o,
