@@ -206,9 +206,10 @@ uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len);
  * taken; other SIGBUS signals are handled as the action it replaced would
  * have handled them. A thread must not have SIGBUS blocked while it reads:
  * a blocked fault kills whatever the handler. */
-typedef struct {
+typedef struct tps_guard {
     sigjmp_buf jb;
     const void *lo, *hi;
+    struct tps_guard *prev; /* the guard this one is inside (set by enter) */
 } tps_guard;
 int tps_guard_hold(void); /* 0 when the handler cannot be installed */
 void tps_guard_release(void);

@@ -248,6 +248,48 @@ static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, 
     return rc;
 }
 
+static void copy_runs(char *m, uint64_t base, uint64_t at, uint64_t run, uint64_t stride,
+                      const char *in, uint64_t off, size_t len)
+{
+    for (uint64_t x = off; x < off + len;) {
+        uint64_t k = x / run, w = x % run;
+        size_t n = (size_t)(run - w < off + len - x ? run - w : off + len - x);
+        memcpy(m + (at + k * stride + w - base), in, n);
+        in += n;
+        x += n;
+    }
+}
+
+/* Bytes [off, off + len) of strided piece p (its rank tensor at file
+ * offset slot_off) through a shared mapping of the span they land in;
+ * *done 0 when it cannot be mapped. A page the file system cannot give
+ * (full, quota) raises SIGBUS there: an error naming the file. */
+static tps_err write_runs_mapped(engine *E, const ofile *f, const tps_rtensor *rt,
+                                 const tps_lpiece *p, uint64_t stride, const char *in,
+                                 uint64_t off, size_t len, uint64_t slot_off, int *done)
+{
+    uint64_t at = slot_off + p->at, e = off + len - 1;
+    uint64_t d0 = at + (off / p->run) * stride + off % p->run;
+    uint64_t d1 = at + (e / p->run) * stride + e % p->run + 1;
+    uint64_t base = d0 & ~(uint64_t)(E->page - 1);
+    size_t mlen = (size_t)(d1 - base);
+    char *const m = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, (off_t)base);
+    *done = 0;
+    if (m == MAP_FAILED) return TPS_OK;
+    tps_guard gd = {.lo = m, .hi = m + mlen};
+    if (sigsetjmp(gd.jb, 1)) {
+        munmap(m, mlen);
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot write tensor '%s': no space for its pages "
+                        "(SIGBUS under the output's mapping)", f->final, rt->name);
+    }
+    tps_guard_enter(&gd);
+    copy_runs(m, base, at, p->run, stride, in, off, len);
+    tps_guard_leave();
+    munmap(m, mlen);
+    *done = 1;
+    return TPS_OK;
+}
+
 /* Writes len bytes that start `off` bytes into piece pi's region. */
 static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
@@ -258,12 +300,26 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
     if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
     if (p->run) {
-        /* concatenated along the last dim: one write per run */
+        /* concatenated along the last dim: its runs `stride` apart */
         if (rt->dtype != sd)
             return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a strided piece cannot be widened",
                             f->final, rt->name);
         uint64_t stride = tps_rt_stride(rt);
         const char *in = buf;
+        /* Many short runs: copied into a shared mapping of the rank file's
+         * span, a sub-chunk at a time (a write per run costs a syscall per
+         * 2 KiB of a fused GPTQ qweight; the threads' runs interleave but
+         * never overlap, and the page cache is one). Under the SIGBUS guard
+         * the source mappings hold (E->map). */
+        while (len >= (64u << 10) && p->run < (16u << 10) && E->map) {
+            size_t sub = len < SUB * 4 ? len : SUB * 4;
+            int done = 0;
+            TPS_TRY(write_runs_mapped(E, f, rt, p, stride, in, off, sub, s->off, &done));
+            if (!done) break; /* the writes below do it */
+            in += sub;
+            off += sub;
+            len -= sub;
+        }
         while (len) {
             uint64_t k = off / p->run, w = off % p->run;
             size_t n = (size_t)(p->run - w < len ? p->run - w : len);
@@ -880,7 +936,7 @@ static tps_err write_headers(engine *E)
     tps_err rc = TPS_OK;
     for (size_t i = 0; i < E->nfiles; i++) {
         ofile *f = &E->files[i];
-        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        f->fd = open(f->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
         char *hdr = NULL;
         size_t len = f->hdr_len;

@@ -303,9 +303,10 @@ def expected_ranks(d, tp, pad=False):
     if not (kv % tp == 0 or (kv < tp and tp % kv == 0)):
         raise Refused("kv heads", "num_key_value_heads")
     parts = _parts(method, pf, group)
+    md = "BF16" if cfg.get("torch_dtype", cfg.get("dtype")) == "bfloat16" else "F16"
     if method in ("gptq", "awq", "ct"):  # scales in the model's dtype (params_dtype)
         for n, (dt, _, _) in src.items():
-            if n.endswith("." + parts[1][0]) and dt != "F16":
+            if n.endswith("." + parts[1][0]) and dt != md:
                 raise Refused("scales not in the model's dtype", n)
     one = lambda v: _t(np.array(v, np.float32), "F32")  # noqa: E731
     extras = {"_k_scale": one(1.0), "_v_scale": one(1.0), "_q_scale": one(1.0), "_prob_scale": one(1.0)}
@@ -326,7 +327,7 @@ def expected_ranks(d, tp, pad=False):
             hi = min((r + 1) * per, V)
             x = np.zeros((per, a.shape[1]), a.dtype)
             x[:hi - lo] = a[lo:hi]
-            out[n] = _t(x, "F16")
+            out[n] = _t(x, src[n][0])
         out["model.norm.weight"] = src["model.norm.weight"]
         for i in range(layers):
             p = f"model.layers.{i}."
@@ -377,7 +378,8 @@ def expected_ranks(d, tp, pad=False):
                     out[f"{p}{into}.{suf}"] = _cat(cut, oax)
                 if f"{p}{mods[0][0]}.bias" in src:
                     out[f"{p}{into}.bias"] = _t(np.concatenate(
-                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in mods]), "F16")
+                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in mods]),
+                        src[f"{p}{mods[0][0]}.bias"][0])
             # row-parallel: the rank's input features
             for mod, n_in in (("self_attn.o_proj", heads * hd), ("mlp.down_proj", pinter)):
                 lo, n = _span(n_in, tp, r, "input", f"{p}{mod}")

@@ -292,6 +292,28 @@ def pad_case(name, tp):
            f"the unpadded model's (max relative difference {worst:.1e})")
 
 
+def big_gptq():
+    """A GPTQ LLaMA of 40 MB (bench/gen_llama.c, BF16 scales) at tp 8: runs of
+    1 KiB in fused qweights long enough for the writer's mapped path; the rank
+    files are the oracle's, check and verify pass."""
+    gen = os.path.join(os.environ.get("TOP", "."), "build", "gen_llama")
+    m = os.path.join(TMP, "m-big-gptq")
+    subprocess.run([gen, m, "--size", "64M", "--gptq", "--intermediate", "6144", "--vocab",
+                    "4096", "-q"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = os.path.join(TMP, "o-big-gptq")
+    rc, so, se = tps("split", m, "--tp", 8, "-o", out, "-q", "--layout", "vllm")
+    if rc:
+        report(False, "packed vllm gen_llama --gptq tp 8: split", f"rc {rc}\n{se}")
+        return
+    want = po.expected_ranks(m, 8)
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, 8)
+                if not x.startswith("config.json differs")]
+    report(not problems, "packed vllm gen_llama --gptq (40 MB) tp 8: every rank file holds "
+           "exactly the oracle's tensors (the mapped writes of strided pieces)", "\n".join(problems[:10]))
+    rc, so, se = tps("check", out)
+    report(rc == 0, "packed vllm gen_llama --gptq tp 8: check passes", f"rc {rc}\n{se}")
+
+
 def working_tps():
     """plan --json's working_tp: every tp the oracle accepts, no other."""
     for name in ("gptq-g128", "gptq-i384", "ct-asym-hd4", "nvfp4-i224", "awq-ch", "ct-g128",
@@ -377,6 +399,7 @@ def main():
     for name, tp in (("pad-gptq-i224", 2), ("pad-gptq-i224", 4), ("pad-gptq-qwen72b", 8),
                      ("pad-ct-i224", 2), ("pad-awq-i224", 4)):
         pad_case(name, tp)
+    big_gptq()
     working_tps()
     layout_refusals()
     bad_inputs()
