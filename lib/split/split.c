@@ -273,7 +273,8 @@ static tps_err write_runs_mapped(engine *E, const ofile *f, const tps_rtensor *r
     uint64_t d1 = at + (e / p->run) * stride + e % p->run + 1;
     uint64_t base = d0 & ~(uint64_t)(E->page - 1);
     size_t mlen = (size_t)(d1 - base);
-    char *const m = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED, f->fd, (off_t)base);
+    char *const m = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd,
+                         (off_t)base);
     *done = 0;
     if (m == MAP_FAILED) return TPS_OK;
     tps_guard gd = {.lo = m, .hi = m + mlen};
