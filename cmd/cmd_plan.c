@@ -10,7 +10,7 @@ static int g_pad; /* --pad-intermediate */
 
 const char usage_plan[] =
     "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--ep] "
-    "[--pp N] [--pp-layers LIST] [--untie] [--list] [--json]\n"
+    "[--pad-intermediate] [--pp N] [--pp-layers LIST] [--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
