@@ -483,6 +483,10 @@ def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, grou
             out[stem + ".qweight"] = words(n_in // pf, n_out)
             out[stem + ".scales"] = bf16s(g, n_out)
             out[stem + ".qzeros"] = words(g, n_out // pf)
+        elif method == "awq":
+            out[stem + ".qweight"] = words(n_in, n_out // pf)
+            out[stem + ".scales"] = bf16s(g, n_out)
+            out[stem + ".qzeros"] = words(g, n_out // pf)
         elif method == "ct":
             out[stem + ".weight_packed"] = words(n_out, n_in // pf)
             out[stem + ".weight_scale"] = bf16s(n_out, g)
@@ -500,6 +504,9 @@ def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, grou
     if method == "gptq":
         qc = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": True,
               "desc_act": False}
+    elif method == "awq":
+        qc = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+              "version": "gemm"}
     elif method == "ct":
         qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
               "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],

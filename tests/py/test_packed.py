@@ -156,6 +156,7 @@ MOE = {
     "moe-ct-asym-ch": ("ct", {"sym": False, "group": -1}),
     "moe-gptq-g32": ("gptq", {}),
     "moe-nvfp4": ("nvfp4", {}),
+    "moe-awq-g32": ("awq", {}),
     # experts of 96 rows, groups of 32: tp 2 gives down_proj 48 input features
     "moe-ct-i96": ("ct", {"I": 96, "E": 8}),
 }
@@ -384,10 +385,12 @@ def main():
                                                    ("ct-asym-g32", 4), ("ct-ch", 2), ("nvfp4", 2),
                                                    ("ct-nvfp4", 4)})
     for name, tps_ in (("moe-ct-g32", (1, 2, 4)), ("moe-ct-asym-ch", (2, 4)),
-                       ("moe-gptq-g32", (2, 4)), ("moe-nvfp4", (2, 4)), ("moe-ct-i96", (1, 2))):
+                       ("moe-gptq-g32", (2, 4)), ("moe-nvfp4", (2, 4)), ("moe-ct-i96", (1, 2)),
+                       ("moe-awq-g32", (2, 4))):
         for tp in tps_:
             moe_case(name, tp, full=(name, tp) in {("moe-ct-g32", 2), ("moe-gptq-g32", 4),
-                                                   ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4)})
+                                                   ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4),
+                                                   ("moe-awq-g32", 4)})
     moe_case("moe-ct-g32", 2, ep=True)
     moe_case("moe-ct-i96", 4, ep=True)
     m = os.path.join(TMP, "m-moe-nvfp4")
