@@ -147,8 +147,15 @@ def run_case(name, tp, full=False):
         report(rc == 1 and os.path.basename(path) in se + so,
                f"{label}: check fails with one flipped bit of {victim} on rank {tp - 1}, naming "
                "its file", f"rc {rc}\n{se}{so}")
-        rc, so, se = tps("verify", tampered, "--source", m)
-        report(rc == 1, f"{label}: verify --source fails with it", f"rc {rc}\n{se}{so[-800:]}")
+        rc, so, se = tps("verify", tampered, "--source", m, "--json")
+        try:
+            failed = [(c.get("check"), c.get("kind")) for c in json.loads(so).get("checks", [])
+                      if not c.get("ok")]
+        except ValueError:
+            failed = []
+        deq = [c for c, k in failed if k == "dequant"]
+        report(rc == 1 and bool(deq), f"{label}: verify --source fails with it, its dequantized "
+               f"products too ({deq[0] if deq else 'none'})", f"rc {rc}; failed {failed[:6]}\n{se}")
 
 
 MOE = {
