@@ -379,9 +379,10 @@ def refusals():
             # GPTQ and AWQ are read (and their input checked): the DTensor
             # layout refuses their packed words for good; vLLM's is
             # test_packed.py's
-            if method in ("gptq", "awq") and layout == "vllm":
+            packed = method in ("gptq", "awq", "modelopt") or kind.endswith("(compressed-tensors)")
+            if packed and layout == "vllm":
                 continue
-            extra = ("packed",) if method in ("gptq", "awq") else ("not supported yet",)
+            extra = ("packed",) if packed else ("not supported yet",)
             check_refusal(f"{kind}", d, 2, layout, [method], extra=extra)
 
 
