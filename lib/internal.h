@@ -607,6 +607,12 @@ typedef struct {
     char *heads;   /* config field counting its heads, or NULL: split by rows */
     int replicate; /* fewer heads than ranks: whole heads replicated (else refused) */
     char *rows;    /* config field counting its rows (named in refusals), or NULL */
+    /* or: a sibling whose rows stand in for this part when the checkpoint
+     * lacks it, on layers of type or_layer_type (NULL: any) when or_when
+     * holds (vLLM's Gemma 4 k_eq_v layers: k_proj in the V slot); there the
+     * part itself is refused. NULL: none */
+    char *or_module, *or_layer_type;
+    tps_cond *or_when;
 } tps_lpart;
 
 typedef struct {
@@ -641,6 +647,10 @@ typedef struct {
     size_t nbias;
     int has_bias;
     int whole;     /* split: replicate: every part whole on every rank (else by rows) */
+    /* config counts of the last layers: only_last, the entry fuses only in the
+     * layers numbered num_hidden_layers - config[only_last] and after;
+     * except_last, only in the others (Gemma 4's KV-shared layers). NULL: all */
+    char *only_last, *except_last;
     int line;
 } tps_lfuse;
 
@@ -668,6 +678,7 @@ typedef struct {
     char **model_types;
     size_t nmt;
     char *reason;
+    char *only_last; /* with contains: only in the last config[only_last] layers, or NULL */
     int line;
 } tps_ldrop;
 
@@ -733,6 +744,9 @@ typedef struct {
     char *as;
     char **model_types;
     size_t nmt;
+    /* only_last: the pattern names the layers (PATH.*) and only the last
+     * config[only_last] of num_hidden_layers are renamed, as AS.(N - first) */
+    char *only_last;
     int line;
 } tps_lrename;
 

@@ -175,6 +175,10 @@ static const char *drop_reason(const tps_lspec *s, const cJSON *config, const ch
             if (present && layer >= 0 && (uint64_t)layer >= n) return d->reason;
             continue;
         }
+        uint64_t first;
+        if (d->only_last && !tps_lc_last_layers(config, d->only_last, tps_layer_of_name(name),
+                                                &first))
+            continue;
         for (size_t j = 0; j < d->ncontains; j++)
             if (strstr(name, d->contains[j])) return d->reason;
     }

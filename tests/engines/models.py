@@ -24,6 +24,7 @@ TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "tests", "py"))
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle  # noqa: E402
+import gemma4_oracle  # noqa: E402
 import quant_oracle  # noqa: E402
 import serving_oracle  # noqa: E402
 
@@ -244,6 +245,15 @@ MODELS = {
                                             vocab=256), "ct-channel", _router,
                                        scale_dtype="BF16"),
     "deepseek_v3-fp8-block": fp8_of(deepseek_v3, "block", _router),
+    # Gemma 4 (Gemma4ForCausalLM): the E series (per-layer inputs, KV-shared layers with a
+    # double-wide MLP, k_eq_v full layers with their own head size and one global KV head, a
+    # per-layer vocabulary of its own size), the same shipping the KV-shared layers' K/V
+    # (vLLM skips them), and the 31B style (no per-layer inputs, none shared, untied)
+    "gemma4-e": _fam(gemma4_oracle.make_checkpoint),
+    "gemma4-e-shipkv": _fam(gemma4_oracle.make_checkpoint, ship_shared_kv=True, k_eq_v=False,
+                            vocab_pl=250, seed=1),
+    "gemma4-dense": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
+                         ple=0, kv_shared=0, double_wide=False, tied=False, vocab=320, seed=2),
 }
 
 

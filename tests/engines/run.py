@@ -81,6 +81,10 @@ CASES = [
     (S, "mixtral-fp8-tensor", "fp8-tensor", 2, 1),
     (S, "qwen3_moe-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     (S, "deepseek_v3-fp8-block", "fp8-block", 2, 1),
+    # Gemma 4, vLLM
+    (V, "gemma4-e", "bf16", 2, 1), (V, "gemma4-e", "bf16", 4, 1),
+    (V, "gemma4-e-shipkv", "bf16", 2, 1),
+    (V, "gemma4-dense", "bf16", 2, 1), (V, "gemma4-dense", "bf16", 4, 1),
     # pipeline parallel, vLLM
     (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),
