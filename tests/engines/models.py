@@ -202,6 +202,9 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
     return quant_oracle.write_model(out, config, tensors)
 
 
+GEMMA4_FP8 = dict(hidden=256, head_dim=128, global_head_dim=256, inter=256, ple=64, vocab=300,
+                  vocab_pl=260, seed=5)
+
 QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter=256,
                  vocab=300, layers=2)
 
@@ -254,6 +257,12 @@ MODELS = {
                             vocab_pl=250, seed=1),
     "gemma4-dense": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
                          ple=0, kv_shared=0, double_wide=False, tied=False, vocab=320, seed=2),
+    # FP8 Gemma 4 E series: every linear weight but the embeddings', 128-row heads so that
+    # block scales split on whole blocks (per_layer_model_projection 256 rows)
+    "gemma4-e-fp8-block": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8), "block",
+                                 _router),
+    "gemma4-e-ct-fp8-channel": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8),
+                                      "ct-channel", _router, scale_dtype="BF16"),
 }
 
 

@@ -85,6 +85,8 @@ CASES = [
     (V, "gemma4-e", "bf16", 2, 1), (V, "gemma4-e", "bf16", 4, 1),
     (V, "gemma4-e-shipkv", "bf16", 2, 1),
     (V, "gemma4-dense", "bf16", 2, 1), (V, "gemma4-dense", "bf16", 4, 1),
+    (V, "gemma4-e-fp8-block", "fp8-block", 2, 1),
+    (V, "gemma4-e-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     # pipeline parallel, vLLM
     (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),

@@ -74,10 +74,12 @@ def _write(outdir, tensors, config):
 def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
                     global_kv_heads=1, inter=96, vocab=250, vocab_pl=200, layers=4, ple=8,
                     kv_shared=2, k_eq_v=True, double_wide=True, ship_shared_kv=False,
-                    tied=True, seed=0):
+                    tied=True, per_layer_config=False, seed=0):
     """A Gemma4ForCausalLM checkpoint (model_type gemma4_text, tensors model.*):
     layers alternate sliding/full attention (the last one full), the last
-    kv_shared share KV, ple the per-layer input width (0: none)."""
+    kv_shared share KV, ple the per-layer input width (0: none). With
+    per_layer_config the full layers' sizes are said there (transformers 5's
+    form) instead of in global_head_dim / num_global_key_value_heads."""
     rng = np.random.default_rng(seed)
     H, L = hidden, layers
     types = ["full_attention" if (i % 2 == 1 or i == L - 1) else "sliding_attention"
@@ -149,4 +151,277 @@ def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_
         "torch_dtype": "bfloat16",
         "enable_moe_block": False,
     }
+    if per_layer_config:
+        del config["global_head_dim"], config["num_global_key_value_heads"]
+        config["per_layer_config"] = {
+            str(i): {"head_dim": global_head_dim,
+                     **({"num_key_value_heads": global_kv_heads} if k_eq_v else {})}
+            for i in range(L) if types[i] == "full_attention"}
     return _write(outdir, t, config)
+
+
+# ------------------------------------------------------------------ the engine's state per rank
+
+def _cfg(config, field, default=None):
+    v = config.get(field)
+    if v is None and isinstance(config.get("text_config"), dict):
+        v = config["text_config"].get(field)
+    return default if v is None else v
+
+
+def layer_geometry(config, i):
+    """(kv heads, head_dim) of layer i as Gemma4TextConfig gives vLLM's
+    per_layer_config: per_layer_config[i] when it says, else the global
+    fields on full-attention layers (global_head_dim always, the global KV
+    heads when attention_k_eq_v), else the config's own."""
+    types = _cfg(config, "layer_types")
+    plc = _cfg(config, "per_layer_config") or {}
+    over = plc.get(str(i)) or plc.get(f"{i:02d}") or {}
+    full = types[i] == "full_attention"
+    kv, hd = _cfg(config, "num_key_value_heads"), _cfg(config, "head_dim")
+    if full:
+        hd = _cfg(config, "global_head_dim", hd)
+        if _cfg(config, "attention_k_eq_v", False) and _cfg(config, "num_global_key_value_heads"):
+            kv = _cfg(config, "num_global_key_value_heads")
+    return over.get("num_key_value_heads", kv), over.get("head_dim", hd)
+
+
+def _rows(t, lo, hi):
+    """Rows [lo, hi) of a (dtype, shape, bytes) tensor, as raw bytes."""
+    dt, shape, data = t
+    row = len(data) // shape[0]
+    return data[lo * row:hi * row]
+
+
+def _cols(t, lo, hi):
+    dt, shape, data = t
+    item = len(data) // (shape[0] * shape[1])
+    a = np.frombuffer(data, dtype=np.uint8).reshape(shape[0], shape[1] * item)
+    return np.ascontiguousarray(a[:, lo * item:hi * item]).tobytes()
+
+
+def _f32(t):
+    """A scale as F32 (vLLM 0.33 holds every scale so): (dtype, shape, bytes)."""
+    dt, shape, data = t
+    if dt == "F32":
+        return t
+    if dt == "BF16":
+        v = (np.frombuffer(data, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
+        return ("F32", shape, v.astype("<f4").tobytes())
+    raise ValueError(f"scale dtype {dt}")
+
+
+def _heads(heads, hd, tp, r, replicate):
+    """Rank r's rows [lo, hi) of a projection of `heads` heads of hd rows:
+    its heads, or (fewer heads than ranks) head r // (tp // heads) whole."""
+    if heads >= tp:
+        if heads % tp:
+            raise Rejected(f"heads {heads} % tp {tp}")
+        n = heads // tp
+        return r * n * hd, (r + 1) * n * hd
+    if not replicate or tp % heads:
+        raise Rejected(f"tp {tp} % heads {heads}")
+    h = r // (tp // heads)
+    return h * hd, (h + 1) * hd
+
+
+def _even(n, tp, r):
+    if n % tp:
+        raise Rejected(f"{n} % tp {tp}")
+    return r * (n // tp), (r + 1) * (n // tp)
+
+
+class _Lin:
+    """A checkpoint linear (weight, and its FP8 scale: block weight_scale_inv
+    or per-channel compressed-tensors weight_scale [out, 1])."""
+
+    def __init__(self, t, module, block):
+        self.w = t[module + ".weight"]
+        self.block = block
+        self.scale_name = None
+        for leaf in ("weight_scale_inv", "weight_scale"):
+            if module + "." + leaf in t:
+                self.scale_name, self.scale = leaf, _f32(t[module + "." + leaf])
+
+    def rows(self, ranges):
+        """The weight's rows of every range in turn, and the scale's."""
+        w = b"".join(_rows(self.w, lo, hi) for lo, hi in ranges)
+        n = sum(hi - lo for lo, hi in ranges)
+        out = {"weight": (self.w[0], [n] + self.w[1][1:], w)}
+        if self.scale_name == "weight_scale_inv":
+            bn = self.block[0]
+            for lo, hi in ranges:
+                if lo % bn or hi % bn:
+                    raise Rejected(f"rows [{lo}, {hi}) are not whole {bn}-row blocks")
+            sb = b"".join(_rows(self.scale, lo // bn, hi // bn) for lo, hi in ranges)
+            out[self.scale_name] = ("F32", [n // bn, self.scale[1][1]], sb)
+        elif self.scale_name:
+            sb = b"".join(_rows(self.scale, lo, hi) for lo, hi in ranges)
+            out[self.scale_name] = ("F32", [n, 1], sb)
+        return out
+
+    def cols(self, lo, hi):
+        out = {"weight": (self.w[0], [self.w[1][0], hi - lo], _cols(self.w, lo, hi))}
+        if self.scale_name == "weight_scale_inv":
+            bk = self.block[1]
+            if lo % bk or hi % bk:
+                raise Rejected(f"columns [{lo}, {hi}) are not whole {bk}-column blocks")
+            out[self.scale_name] = ("F32", [self.scale[1][0], (hi - lo) // bk],
+                                    _cols(self.scale, lo // bk, hi // bk))
+        elif self.scale_name:
+            out[self.scale_name] = self.scale  # per channel: whole on every rank
+        return out
+
+    def whole(self):
+        out = {"weight": self.w}
+        if self.scale_name:
+            out[self.scale_name] = self.scale
+        return out
+
+
+def _put(out, module, parts):
+    for leaf, v in parts.items():
+        out[module + "." + leaf] = v
+
+
+def _vocab(t, tp, r):
+    """Rank r's rows of a vocabulary: padded to a multiple of 64, Vp / tp rows a
+    rank, its real rows then zeros."""
+    dt, shape, data = t
+    padded = -(-shape[0] // VOCAB_PADDING) * VOCAB_PADDING
+    if padded % tp:
+        raise Rejected(f"padded vocabulary {padded} % tp {tp}")
+    per = padded // tp
+    lo, hi = r * per, min((r + 1) * per, shape[0])
+    real = _rows(t, lo, hi) if hi > lo else b""
+    row = len(data) // shape[0]
+    return (dt, [per] + shape[1:], real + b"\0" * (per * row - len(real)))
+
+
+def _scalar(dtype, value, shape):
+    if dtype == "F32":
+        b = np.float32(value).tobytes()
+    else:  # BF16
+        b = (np.array([value], dtype=np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
+    return (dtype, shape, b * (shape[0] if shape else 1))
+
+
+def attention_entries(config):
+    """What vLLM 0.33's Attention registers beside every attention layer: the
+    F32 0-dim _k/_v/_q/_prob_scale buffers (1.0), and for FP8 checkpoints
+    the KV-cache scale parameters (quantization/kv_cache.py: fp8 0-dim in the
+    model's dtype at -1.0; compressed-tensors [1] F32 scales 1.0 and zero
+    points 0 in the model's dtype)."""
+    out = {"attn." + b: ("F32", [], np.float32(1.0).tobytes()) for b in ATTN_BUFFERS}
+    qm = (config.get("quantization_config") or {}).get("quant_method")
+    if qm == "fp8":
+        for n in ("q_scale", "k_scale", "v_scale", "prob_scale"):
+            out["attn." + n] = _scalar("BF16", -1.0, [])
+    elif qm == "compressed-tensors":
+        for n in ("k_scale", "v_scale", "q_scale"):
+            out["attn." + n] = _scalar("F32", 1.0, [1])
+        for n in ("k_zero_point", "v_zero_point", "q_zero_point"):
+            out["attn." + n] = _scalar("BF16", 0.0, [1])
+    return out
+
+
+def dropped(config, names):
+    """The checkpoint tensors vLLM's weights mapper skips: a KV-shared
+    layer's k_proj, v_proj and k_norm."""
+    L = _cfg(config, "num_hidden_layers")
+    first = L - (_cfg(config, "num_kv_shared_layers", 0) or 0)
+    out = []
+    for n in names:
+        parts = n.split(".")
+        if len(parts) > 3 and parts[1] == "layers" and int(parts[2]) >= first and \
+                any(f".self_attn.{m}." in n for m in ("k_proj", "v_proj", "k_norm")):
+            out.append(n)
+    return out
+
+
+def expected_ranks(model_dir, tp):
+    _config, t = load_checkpoint(model_dir)
+    with open(os.path.join(model_dir, "config.json")) as f:
+        config = json.load(f)
+    if _cfg(config, "num_experts"):
+        raise Rejected("num_experts: Gemma 4 MoE is not modelled here")
+    qc = config.get("quantization_config") or {}
+    block = qc.get("weight_block_size")
+    A = _cfg(config, "num_attention_heads")
+    L = _cfg(config, "num_hidden_layers")
+    first = L - (_cfg(config, "num_kv_shared_layers", 0) or 0)
+    k_eq_v = bool(_cfg(config, "attention_k_eq_v", False))
+    types = _cfg(config, "layer_types")
+    tied = _cfg(config, "tie_word_embeddings", True)
+    if A % tp:
+        raise Rejected(f"num_attention_heads {A} % tp {tp}")
+    skip = set(dropped(config, t))
+    whole_norms = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                   "post_feedforward_layernorm", "post_per_layer_input_norm",
+                   "self_attn.q_norm", "self_attn.k_norm")
+    attn = attention_entries(config)
+    ranks = [dict() for _ in range(tp)]
+
+    def lin(module):
+        return _Lin(t, module, block)
+
+    for r in range(tp):
+        out = ranks[r]
+        for top in ("model.norm.weight", "model.per_layer_projection_norm.weight"):
+            if top in t:
+                out[top] = t[top]
+        emb = t["model.embed_tokens.weight"]
+        if tied:
+            out["lm_head.weight"] = _vocab(emb, tp, r)
+        else:
+            out["model.embed_tokens.weight"] = _vocab(emb, tp, r)
+            out["lm_head.weight"] = _vocab(t["lm_head.weight"], tp, r)
+        if "model.embed_tokens_per_layer.weight" in t:
+            out["model.embed_tokens_per_layer.weight"] = _vocab(
+                t["model.embed_tokens_per_layer.weight"], tp, r)
+            p = lin("model.per_layer_model_projection")
+            _put(out, "model.per_layer_model_projection", p.rows([_even(p.w[1][0], tp, r)]))
+        for i in range(L):
+            src = f"model.layers.{i}."
+            dst = src if i < first else f"model.cross_decoder.decoder_layers.{i - first}."
+            kv, hd = layer_geometry(config, i)
+            for a in whole_norms:
+                if src + a + ".weight" in t and src + a + ".weight" not in skip:
+                    out[dst + a + ".weight"] = t[src + a + ".weight"]
+            for a in ("per_layer_input_gate", "per_layer_projection"):  # ReplicatedLinear
+                if src + a + ".weight" in t:
+                    _put(out, dst + a, lin(src + a).whole())
+            out[dst + "layer_scalar"] = t[src + "layer_scalar"]
+            q = lin(src + "self_attn.q_proj")
+            if q.w[1][0] != A * hd:
+                raise Rejected(f"layer {i}: q_proj rows {q.w[1][0]} != heads x head_dim")
+            qr = _heads(A, hd, tp, r, False)
+            if i < first:
+                k = lin(src + "self_attn.k_proj")
+                # k_eq_v full-attention layers: k_proj loaded into the K and the V slot
+                v = k if (k_eq_v and types[i] == "full_attention") else \
+                    lin(src + "self_attn.v_proj")
+                if k.w[1][0] != kv * hd:
+                    raise Rejected(f"layer {i}: k_proj rows {k.w[1][0]} != kv x head_dim")
+                kr = _heads(kv, hd, tp, r, True)
+                parts = [q.rows([qr]), k.rows([kr]), v.rows([kr])]
+                fused = {"weight": (q.w[0], [sum(x["weight"][1][0] for x in parts)] + q.w[1][1:],
+                                    b"".join(x["weight"][2] for x in parts))}
+                if q.scale_name:
+                    sc = [x[q.scale_name] for x in parts]
+                    fused[q.scale_name] = ("F32", [sum(x[1][0] for x in sc)] + sc[0][1][1:],
+                                           b"".join(x[2] for x in sc))
+                _put(out, dst + "self_attn.qkv_proj", fused)
+            else:
+                _put(out, dst + "self_attn.q_proj", q.rows([qr]))
+            _put(out, dst + "self_attn", attn)
+            o = lin(src + "self_attn.o_proj")
+            _put(out, dst + "self_attn.o_proj", o.cols(*_even(o.w[1][1], tp, r)))
+            g, u = lin(src + "mlp.gate_proj"), lin(src + "mlp.up_proj")
+            gr, ur = g.rows([_even(g.w[1][0], tp, r)]), u.rows([_even(u.w[1][0], tp, r)])
+            fused = {leaf: (gr[leaf][0], [gr[leaf][1][0] + ur[leaf][1][0]] + gr[leaf][1][1:],
+                            gr[leaf][2] + ur[leaf][2]) for leaf in gr}
+            _put(out, dst + "mlp.gate_up_proj", fused)
+            d = lin(src + "mlp.down_proj")
+            _put(out, dst + "mlp.down_proj", d.cols(*_even(d.w[1][1], tp, r)))
+    return ranks
