@@ -200,6 +200,13 @@ def main():
     m = edit_config("moe", lambda c: c.update(num_experts=4, top_k_experts=2,
                                               moe_intermediate_size=16, enable_moe_block=True))
     refused("Gemma 4 experts", m, 2, ["num_experts", "Gemma 4 mixture-of-experts"])
+    # SGLang 0.5.23 cannot build a Gemma 4 whose layers differ (every real one)
+    out = os.path.join(TMP, "r-sglang")
+    rc, so, se = tps("split", model("e"), "--tp", 2, "--layout", "sglang", "-o", out)
+    problems = ranktest.refusal_problems(rc, se, out, "SGLang 0.5.23 cannot build Gemma 4",
+                                         "sglang")
+    report(not problems, "gemma4 sglang: refused, saying why, nothing written",
+           "\n".join(problems) + "\n" + se)
     return 1 if ranktest_fails() else 0
 
 
