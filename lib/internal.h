@@ -812,6 +812,10 @@ typedef struct tps_lspec {
     char *pp_count;       /* config count of the layers, e.g. "num_hidden_layers" */
     char **pp_first, **pp_last, **pp_every;
     size_t npp_first, npp_last, npp_every;
+    /* config count of the last layers that read an earlier layer's KV cache
+     * (the last layer before them of the same layer_types entry), which the
+     * engine needs on the same stage (Gemma 4's num_kv_shared_layers), or NULL */
+    char *pp_kv_shared;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,

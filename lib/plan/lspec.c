@@ -502,9 +502,14 @@ static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
  * one pipeline stage's model (see tps_lspec). */
 static tps_err parse_lpipeline(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const known[] = {"layers", "count", "first", "last", "every_stage"};
-    const ynode *v[5];
-    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 5, v));
+    static const char *const known[] = {"layers", "count", "first", "last", "every_stage",
+                                        "kv_shared"};
+    const ynode *v[6];
+    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 6, v));
+    if (v[5]) {
+        TPS_TRY(tps_pl_get_str(pc, v[5], "kv_shared", &s->pp_kv_shared));
+        TPS_TRY(tps_pl_check_field_name(pc, v[5], "kv_shared"));
+    }
     if (!v[0] || !v[1] || !v[3])
         return tps_pl_perr(pc, m->line,
                            "'pipeline' needs layers (the decoder layers' module path), count (the "
@@ -686,6 +691,7 @@ void tps_lspec_free(tps_lspec *s)
     free(s->tied_embedding);
     free(s->pp_layers);
     free(s->pp_count);
+    free(s->pp_kv_shared);
     tps_pl_strv_free(s->pp_first, s->npp_first);
     tps_pl_strv_free(s->pp_last, s->npp_last);
     tps_pl_strv_free(s->pp_every, s->npp_every);

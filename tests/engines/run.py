@@ -91,6 +91,10 @@ CASES = [
     (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),
     (V, "qwen3_moe", "bf16", 2, 2), (V, "qwen3_moe", "bf16", 1, 3),
+    # Gemma 4 31B style (every stage builds the embedding, norm and head); the E series at
+    # pp 2 parts KV-shared layers from the layers whose cache they read, which vLLM refuses
+    # on the later stage only (its first stage builds), and tpshard refuses whole
+    (V, "gemma4-dense", "bf16", 2, 2), (V, "gemma4-dense", "bf16", 1, 3),
 ]
 
 

@@ -17,6 +17,7 @@ vLLM 0.33's models/gemma4.py holds on each rank:
     no .safetensors.
 Run with build/venv/bin/python; env TPSHARD, TOP, TPS_TMP.
 """
+import glob
 import json
 import os
 import shutil
@@ -136,6 +137,57 @@ def flip_last_byte(path, tensor):
         f.write(raw)
 
 
+def pp_partition(layers, pp):
+    """vLLM 0.33's get_pp_indices: layers // pp a stage, the remainder one
+    each to stages pp - 2, pp - 3, ... (never the last)."""
+    n = [layers // pp] * pp
+    for k in range(layers % pp):
+        n[pp - 2 - k] += 1
+    return n
+
+
+def pp_case(name, tp, pp):
+    """Every stage builds the embeddings, the per-layer input tables, the
+    final norm and the head (Gemma4Model and Gemma4ForCausalLM build them
+    unconditionally), and its own layers."""
+    m = model(name)
+    label = f"gemma4 vllm {name} tp {tp} pp {pp}"
+    out = os.path.join(TMP, f"o-{name}-{tp}-pp{pp}")
+    with open(os.path.join(m, "config.json")) as f:
+        L = json.load(f)["num_hidden_layers"]
+    counts = pp_partition(L, pp)
+    starts = [sum(counts[:k]) for k in range(pp)]
+    want = g4.expected_ranks(m, tp)
+    rc, so, se = tps("split", m, "--tp", tp, "--pp", pp, "--layout", "vllm", "-o", out, "-q")
+    if rc:
+        report(False, f"{label}: split", f"rc {rc}\n{se}{so}")
+        return
+    problems = []
+    for st in range(pp):
+        for r in range(tp):
+            exp = {}
+            for n, v in want[r].items():
+                parts = n.split(".")
+                layer = int(parts[2]) if parts[1] == "layers" else None
+                if layer is None or starts[st] <= layer < starts[st] + counts[st]:
+                    exp[n] = v
+            got = {}
+            for path in sorted(glob.glob(os.path.join(out, f"model-pp-{st}-tp-{r}-part-*"))):
+                got.update(load_file_raw(path))
+            problems += ranktest.compare(exp, got, f"stage {st} rank {r}")
+    report(not problems, f"{label}: every stage's rank files hold exactly its layers "
+           f"({counts}) and every stage the embeddings, norm and head", "\n".join(problems[:20]))
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", f"rc {rc}\n{se}{so}")
+
+
+def load_file_raw(path):
+    import safetensors
+    with open(path, "rb") as f:
+        return {n: (i["dtype"], list(i["shape"]), bytes(i["data"]))
+                for n, i in safetensors.deserialize(f.read())}
+
+
 def refused(label, m, tp, words, extra=()):
     out = os.path.join(TMP, "r-" + label.replace(" ", "-").replace("/", "-"))
     rc, so, se = tps("split", m, "--tp", tp, "--layout", "vllm", "-o", out, *extra)
@@ -162,6 +214,12 @@ def main():
     for name in list(MODELS) + list(FP8):
         for tp in (1, 2, 4):
             split_case(name, tp, full=tp == 2)
+    pp_case("dense", 1, 3)
+    pp_case("dense", 2, 2)
+    # the E series' KV-shared layers 2 and 3 read layers 0 and 1's caches: vLLM refuses
+    # a target on another stage
+    refused("pp 2 parting KV-shared layers from their targets", model("e"), 2,
+            ["layer 2", "num_kv_shared_layers", "layer 0", "stage"], ["--pp", 2])
     # the oracle itself refuses what vLLM asserts
     try:
         g4.expected_ranks(model("e"), 8)
