@@ -742,6 +742,7 @@ typedef struct {
     char **patterns;
     size_t npat;
     char *as;
+    int root;      /* the matched module itself becomes `as` (not its parent + as) */
     char **model_types;
     size_t nmt;
     /* only_last: the pattern names the layers (PATH.*) and only the last
@@ -780,6 +781,9 @@ typedef struct tps_lspec {
     char *tied_head, *tied_embedding; /* module paths, or NULL */
     char **tied_default; /* model_types whose config ties by default */
     size_t ntied_default;
+    char **tied_also;    /* embeddings tried in turn when tied_embedding is absent
+                          * (a multimodal checkpoint's text model) */
+    size_t ntied_also;
     tps_lcheck *checks;
     size_t nchecks;
     tps_lrule *rules;

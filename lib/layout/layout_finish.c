@@ -95,7 +95,7 @@ static tps_err rename_rts(cstate *C)
                 L->rt[k].name = nn;
                 break;
             }
-            const char *par = memrchr(nm, '.', pos);
+            const char *par = rn->root ? NULL : memrchr(nm, '.', pos);
             size_t pl = par ? (size_t)(par - nm) : 0;
             char *nn = tps_lc_own_name(C, tps_asprintf("%.*s%s%s%s", (int)pl, nm, pl ? "." : "",
                                                        rn->as, nm + pos));

@@ -454,9 +454,11 @@ static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
  * embedding, and the model_types whose config ties by default. */
 static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const tknown[] = {"head", "embedding", "default_for"};
-    const ynode *tv[3];
-    TPS_TRY(tps_pl_map_fields(pc, m, "tied", tknown, 3, tv));
+    static const char *const tknown[] = {"head", "embedding", "default_for", "embedding_also"};
+    const ynode *tv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "tied", tknown, 4, tv));
+    if (tv[3]) TPS_TRY(tps_pl_get_str_list(pc, tv[3], "embedding_also", tps_pl_check_pattern,
+                                           &s->tied_also, &s->ntied_also));
     if (tv[2]) TPS_TRY(tps_pl_get_str_list(pc, tv[2], "default_for", NULL, &s->tied_default,
                                            &s->ntied_default));
     if (!tv[0] || !tv[1]) return tps_pl_perr(pc, m->line, "'tied' needs head and embedding");
@@ -471,9 +473,10 @@ static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
  * under its parent's `as` instead. */
 static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
 {
-    static const char *const known[] = {"match", "as", "model_types", "only_last"};
-    const ynode *v[4];
-    TPS_TRY(tps_pl_map_fields(pc, m, "rename entry", known, 4, v));
+    static const char *const known[] = {"match", "as", "model_types", "only_last", "root"};
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "rename entry", known, 5, v));
+    if (v[4]) TPS_TRY(tps_pl_get_bool(pc, v[4], "root", &r->root));
     r->line = m->line;
     if (!v[0] || !v[1])
         return tps_pl_perr(pc, m->line, "a rename entry needs 'match' (module path patterns) "
@@ -689,6 +692,7 @@ void tps_lspec_free(tps_lspec *s)
     tps_pl_strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    tps_pl_strv_free(s->tied_also, s->ntied_also);
     free(s->pp_layers);
     free(s->pp_count);
     free(s->pp_kv_shared);

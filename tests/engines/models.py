@@ -257,6 +257,8 @@ MODELS = {
                             vocab_pl=250, seed=1),
     "gemma4-dense": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
                          ple=0, kv_shared=0, double_wide=False, tied=False, vocab=320, seed=2),
+    # the multimodal Gemma4ForConditionalGeneration (text model, vision tower, no audio)
+    "gemma4-mm-e": _fam(gemma4_oracle.make_checkpoint, multimodal=True, seed=6),
     # FP8 Gemma 4 E series: every linear weight but the embeddings', 128-row heads so that
     # block scales split on whole blocks (per_layer_model_projection 256 rows)
     "gemma4-e-fp8-block": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8), "block",

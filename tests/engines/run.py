@@ -85,6 +85,7 @@ CASES = [
     (V, "gemma4-e", "bf16", 2, 1), (V, "gemma4-e", "bf16", 4, 1),
     (V, "gemma4-e-shipkv", "bf16", 2, 1),
     (V, "gemma4-dense", "bf16", 2, 1), (V, "gemma4-dense", "bf16", 4, 1),
+    (V, "gemma4-mm-e", "bf16", 2, 1), (V, "gemma4-mm-e", "bf16", 4, 1),
     (V, "gemma4-e-fp8-block", "fp8-block", 2, 1),
     (V, "gemma4-e-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     # pipeline parallel, vLLM

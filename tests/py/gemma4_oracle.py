@@ -37,6 +37,7 @@ standard library and numpy only.  The facts it encodes:
 """
 import json
 import os
+import re
 
 import numpy as np
 
@@ -71,15 +72,43 @@ def _write(outdir, tensors, config):
     return outdir
 
 
+VISION = dict(hidden=32, inter=64, heads=2, head_dim=16, layers=1, positions=16, patch=4)
+
+
+def _vision_tensors(add, prefix, H_text):
+    """The tensors of transformers' Gemma4VisionModel (and its embedder into
+    the text model) for the VISION sizes, under prefix."""
+    v = VISION
+    h = v["hidden"]
+    add(prefix + "vision_tower.patch_embedder.position_embedding_table", 2, v["positions"], h)
+    add(prefix + "vision_tower.patch_embedder.input_proj.weight", h, 3 * v["patch"] ** 2)
+    for i in range(v["layers"]):
+        p = f"{prefix}vision_tower.encoder.layers.{i}."
+        for m in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            add(p + f"self_attn.{m}.linear.weight", h, h)
+        add(p + "self_attn.q_norm.weight", v["head_dim"])
+        add(p + "self_attn.k_norm.weight", v["head_dim"])
+        add(p + "mlp.gate_proj.linear.weight", v["inter"], h)
+        add(p + "mlp.up_proj.linear.weight", v["inter"], h)
+        add(p + "mlp.down_proj.linear.weight", h, v["inter"])
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            add(p + n + ".weight", h)
+    add(prefix + "embed_vision.embedding_projection.weight", H_text, h)
+
+
 def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
                     global_kv_heads=1, inter=96, vocab=250, vocab_pl=200, layers=4, ple=8,
                     kv_shared=2, k_eq_v=True, double_wide=True, ship_shared_kv=False,
-                    tied=True, per_layer_config=False, seed=0):
+                    tied=True, per_layer_config=False, multimodal=False, seed=0):
     """A Gemma4ForCausalLM checkpoint (model_type gemma4_text, tensors model.*):
     layers alternate sliding/full attention (the last one full), the last
     kv_shared share KV, ple the per-layer input width (0: none). With
     per_layer_config the full layers' sizes are said there (transformers 5's
-    form) instead of in global_head_dim / num_global_key_value_heads."""
+    form) instead of in global_head_dim / num_global_key_value_heads. With
+    multimodal, a Gemma4ForConditionalGeneration: the text model's tensors under
+    model.language_model., a vision tower and its embedder, the text config
+    under text_config."""
     rng = np.random.default_rng(seed)
     H, L = hidden, layers
     types = ["full_attention" if (i % 2 == 1 or i == L - 1) else "sliding_attention"
@@ -88,6 +117,8 @@ def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_
     t = {}
 
     def add(name, *shape):
+        if multimodal and name.startswith("model."):
+            name = "model.language_model." + name[len("model."):]
         t[name] = ("BF16", list(shape), _bf16(rng, shape))
 
     add("model.embed_tokens.weight", vocab, H)
@@ -151,12 +182,33 @@ def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_
         "torch_dtype": "bfloat16",
         "enable_moe_block": False,
     }
+    if multimodal:
+        def add_raw(name, *shape):
+            t[name] = ("BF16", list(shape), _bf16(rng, shape))
+        _vision_tensors(add_raw, "model.", H)
     if per_layer_config:
         del config["global_head_dim"], config["num_global_key_value_heads"]
         config["per_layer_config"] = {
             str(i): {"head_dim": global_head_dim,
                      **({"num_key_value_heads": global_kv_heads} if k_eq_v else {})}
             for i in range(L) if types[i] == "full_attention"}
+    if multimodal:
+        v = VISION
+        text = {k: val for k, val in config.items() if k not in ("architectures", "torch_dtype")}
+        config = {
+            "architectures": ["Gemma4ForConditionalGeneration"],
+            "model_type": "gemma4",
+            "torch_dtype": "bfloat16",
+            "tie_word_embeddings": tied,
+            "text_config": text,
+            "vision_config": {"model_type": "gemma4_vision", "hidden_size": v["hidden"],
+                              "intermediate_size": v["inter"], "num_hidden_layers": v["layers"],
+                              "num_attention_heads": v["heads"],
+                              "num_key_value_heads": v["heads"], "head_dim": v["head_dim"],
+                              "position_embedding_size": v["positions"],
+                              "patch_size": v["patch"], "pooling_kernel_size": 2},
+            "audio_config": None,
+        }
     return _write(outdir, t, config)
 
 
@@ -332,9 +384,9 @@ def dropped(config, names):
     first = L - (_cfg(config, "num_kv_shared_layers", 0) or 0)
     out = []
     for n in names:
-        parts = n.split(".")
-        if len(parts) > 3 and parts[1] == "layers" and int(parts[2]) >= first and \
-                any(f".self_attn.{m}." in n for m in ("k_proj", "v_proj", "k_norm")):
+        m = re.match(r"model\.(?:language_model\.)?layers\.(\d+)\.self_attn\."
+                     r"(?:k_proj|v_proj|k_norm)\.", n)
+        if m and int(m.group(1)) >= first:
             out.append(n)
     return out
 
@@ -361,29 +413,40 @@ def expected_ranks(model_dir, tp):
                    "self_attn.q_norm", "self_attn.k_norm")
     attn = attention_entries(config)
     ranks = [dict() for _ in range(tp)]
+    # Gemma4ForConditionalGeneration (models/gemma4_mm.py hf_to_vllm_mapper): the text model
+    # model.language_model. -> language_model.model., lm_head -> language_model.lm_head, the
+    # vision tower and its embedder whole at the top (model.vision_tower -> vision_tower)
+    mm = "text_config" in config
+    SP, DP = ("model.language_model.", "language_model.model.") if mm else ("model.", "model.")
+    HEAD = "language_model.lm_head.weight" if mm else "lm_head.weight"
+    tower = {n: v for n, v in t.items()
+             if n.startswith(("model.vision_tower.", "model.embed_vision."))} if mm else {}
 
     def lin(module):
         return _Lin(t, module, block)
 
     for r in range(tp):
         out = ranks[r]
-        for top in ("model.norm.weight", "model.per_layer_projection_norm.weight"):
-            if top in t:
-                out[top] = t[top]
-        emb = t["model.embed_tokens.weight"]
+        for n, v in tower.items():
+            out[n[len("model."):]] = v
+        for top in ("norm.weight", "per_layer_projection_norm.weight"):
+            if SP + top in t:
+                out[DP + top] = t[SP + top]
+        emb = t[SP + "embed_tokens.weight"]
         if tied:
-            out["lm_head.weight"] = _vocab(emb, tp, r)
+            out[HEAD] = _vocab(emb, tp, r)
         else:
-            out["model.embed_tokens.weight"] = _vocab(emb, tp, r)
-            out["lm_head.weight"] = _vocab(t["lm_head.weight"], tp, r)
-        if "model.embed_tokens_per_layer.weight" in t:
-            out["model.embed_tokens_per_layer.weight"] = _vocab(
-                t["model.embed_tokens_per_layer.weight"], tp, r)
-            p = lin("model.per_layer_model_projection")
-            _put(out, "model.per_layer_model_projection", p.rows([_even(p.w[1][0], tp, r)]))
+            out[DP + "embed_tokens.weight"] = _vocab(emb, tp, r)
+            out[HEAD] = _vocab(t["lm_head.weight"], tp, r)
+        if SP + "embed_tokens_per_layer.weight" in t:
+            out[DP + "embed_tokens_per_layer.weight"] = _vocab(
+                t[SP + "embed_tokens_per_layer.weight"], tp, r)
+            p = lin(SP + "per_layer_model_projection")
+            _put(out, DP + "per_layer_model_projection", p.rows([_even(p.w[1][0], tp, r)]))
         for i in range(L):
-            src = f"model.layers.{i}."
-            dst = src if i < first else f"model.cross_decoder.decoder_layers.{i - first}."
+            src = f"{SP}layers.{i}."
+            dst = f"{DP}layers.{i}." if i < first else \
+                f"{DP}cross_decoder.decoder_layers.{i - first}."
             kv, hd = layer_geometry(config, i)
             for a in whole_norms:
                 if src + a + ".weight" in t and src + a + ".weight" not in skip:

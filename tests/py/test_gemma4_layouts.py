@@ -47,6 +47,7 @@ MODELS = {
     "e": {},
     "e-shipkv": {"ship_shared_kv": True, "k_eq_v": False, "vocab_pl": 250, "seed": 1},
     "e-plc": {"per_layer_config": True, "seed": 3},
+    "mm-e": {"multimodal": True, "seed": 6},
     "dense": {"heads": 8, "kv_heads": 4, "global_kv_heads": 2, "ple": 0, "kv_shared": 0,
               "double_wide": False, "tied": False, "vocab": 320, "seed": 2},
 }
@@ -112,7 +113,8 @@ def split_case(name, tp, full):
            (f" less the {len(drop)} tensors vLLM skips, naming them" if drop else ""),
            "\n".join(bad[:10]))
     # one byte of the last rank's fused qkv of a k_eq_v layer (K in the V rows)
-    victim = "model.layers.1.self_attn.qkv_proj.weight"
+    victim = ("language_model.model." if MODELS.get(name, {}).get("multimodal") else "model.") \
+        + "layers.1.self_attn.qkv_proj.weight"
     tampered = out + "-tampered"
     shutil.copytree(out, tampered)
     path = os.path.join(tampered, f"model-rank-{tp - 1}-part-0.safetensors")
@@ -258,6 +260,13 @@ def main():
     m = edit_config("moe", lambda c: c.update(num_experts=4, top_k_experts=2,
                                               moe_intermediate_size=16, enable_moe_block=True))
     refused("Gemma 4 experts", m, 2, ["num_experts", "Gemma 4 mixture-of-experts"])
+    m = edit_config("mm-audio", lambda c: c.update(audio_config={"model_type": "gemma4_audio"}),
+                    base="mm-e")
+    refused("a multimodal checkpoint with an audio tower", m, 2, ["audio_config", "audio tower"])
+    m = edit_config("mm-moe", lambda c: c["text_config"].update(num_experts=4, top_k_experts=2,
+                                                                moe_intermediate_size=16),
+                    base="mm-e")
+    refused("multimodal Gemma 4 experts", m, 2, ["num_experts", "Gemma 4 mixture-of-experts"])
     # SGLang 0.5.23 cannot build a Gemma 4 whose layers differ (every real one)
     out = os.path.join(TMP, "r-sglang")
     rc, so, se = tps("split", model("e"), "--tp", 2, "--layout", "sglang", "-o", out)
