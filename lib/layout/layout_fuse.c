@@ -515,11 +515,13 @@ static tps_err compile_fused(cstate *C, const tps_layers *ly)
                     return nomem(C);
                 }
                 if (stand_in && k >= 0) {
-                    refuse(C, "tensor '%s': in this layer (%s%s) %s loads %s.%s.%s into the "
+                    char cond[160] = "";
+                    if (pj->or_when) tps_lc_enable_hint(cond, sizeof cond, pj->or_when);
+                    refuse(C, "tensor '%s': on this layer (%s%s%s) %s loads %s.%s.%s into the "
                               "%s rows of %s.%s and has no place for it: remove it from the "
                               "checkpoint, or check config.json",
-                           want, pj->or_layer_type ? pj->or_layer_type : "",
-                           pj->or_when ? ", attention_k_eq_v" : "", s->target, parent,
+                           want, pj->or_layer_type ? pj->or_layer_type : "any layer type",
+                           cond[0] ? ", config.json's " : "", cond, s->target, parent,
                            pj->or_module, param, pj->module, parent, f->into);
                     free(want);
                     free(parent);
