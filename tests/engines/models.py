@@ -257,6 +257,8 @@ MODELS = {
                             vocab_pl=250, seed=1),
     "gemma4-dense": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
                          ple=0, kv_shared=0, double_wide=False, tied=False, vocab=320, seed=2),
+    # the full layers' sizes in per_layer_config (transformers 5's form), not global_* fields
+    "gemma4-e-plc": _fam(gemma4_oracle.make_checkpoint, per_layer_config=True, seed=3),
     # the multimodal Gemma4ForConditionalGeneration (text model, vision tower, no audio)
     "gemma4-mm-e": _fam(gemma4_oracle.make_checkpoint, multimodal=True, seed=6),
     # FP8 Gemma 4 E series: every linear weight but the embeddings', 128-row heads so that

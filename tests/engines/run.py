@@ -83,7 +83,7 @@ CASES = [
     (S, "deepseek_v3-fp8-block", "fp8-block", 2, 1),
     # Gemma 4, vLLM
     (V, "gemma4-e", "bf16", 2, 1), (V, "gemma4-e", "bf16", 4, 1),
-    (V, "gemma4-e-shipkv", "bf16", 2, 1),
+    (V, "gemma4-e-shipkv", "bf16", 2, 1), (V, "gemma4-e-plc", "bf16", 2, 1),
     (V, "gemma4-dense", "bf16", 2, 1), (V, "gemma4-dense", "bf16", 4, 1),
     (V, "gemma4-mm-e", "bf16", 2, 1), (V, "gemma4-mm-e", "bf16", 4, 1),
     (V, "gemma4-e-fp8-block", "fp8-block", 2, 1),
