@@ -108,8 +108,8 @@ static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const c
         /* Layers of their own sizes (Gemma 4): each part holds its layer's heads
          * of its layer's head size, or config.json does not describe it. */
         const char *dfrom = NULL;
-        const cJSON *hd = layer >= 0 && layer < ly->n ? tps_layers_get(ly, layer, "head_dim", &dfrom)
-                                                      : NULL;
+        const cJSON *hd =
+            layer >= 0 && layer < ly->n ? tps_layers_get(ly, layer, "head_dim", &dfrom) : NULL;
         if ((tps_layers_vary(ly, "head_dim") || tps_layers_vary(ly, "num_key_value_heads")) &&
             cJSON_IsNumber(hd) && hd->valuedouble >= 1 && hd->valuedouble <= 1e9 &&
             rows != h * (uint64_t)hd->valuedouble) {

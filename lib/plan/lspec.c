@@ -221,7 +221,8 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
         tps_lpart *p = &f->parts[f->nparts++];
         TPS_TRY(tps_pl_map_fields(pc, v[1]->kid[i], "part", pknown, 7, pv));
         if ((pv[5] || pv[6]) && !pv[4])
-            return tps_pl_perr(pc, v[1]->kid[i]->line, "'or_when' and 'or_layer_type' go with 'or'");
+            return tps_pl_perr(pc, v[1]->kid[i]->line,
+                               "'or_when' and 'or_layer_type' go with 'or'");
         if (pv[4]) {
             TPS_TRY(tps_pl_get_str(pc, pv[4], "or", &p->or_module));
             TPS_TRY(check_leaf(pc, pv[4]));

@@ -124,7 +124,8 @@ def split_case(name, tp, full):
     flip_last_byte(path, victim)
     rc, so, se = tps("verify", tampered, "--source", m)
     report(rc == 1 and victim in so + se, f"{label}: verify --source fails with the last byte "
-           f"of {victim} (its V rows, a copy of K) flipped, naming it", f"rc {rc}\n{se}{so}"[-1500:])
+           f"of {victim} (its V rows, a copy of K) flipped, naming it",
+           f"rc {rc}\n{se}{so}"[-1500:])
     rc, so, se = tps("check", tampered)
     report(rc == 1, f"{label}: check fails with it", f"rc {rc}\n{se}{so}")
 
