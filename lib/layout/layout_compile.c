@@ -269,6 +269,15 @@ uint64_t tps_lc_config_count(const cJSON *config, const char *field, int *presen
     return (uint64_t)v->valuedouble;
 }
 
+int tps_lc_last_layers(const cJSON *config, const char *field, int layer, uint64_t *first)
+{
+    int pn, pl;
+    uint64_t n = tps_lc_config_count(config, "num_hidden_layers", &pn);
+    uint64_t last = tps_lc_config_count(config, field, &pl);
+    *first = n >= last ? n - last : 0;
+    return layer >= 0 && last && n && (uint64_t)layer >= *first;
+}
+
 int tps_lc_module_of(const char *name, size_t *mlen)
 {
     const char *dot = strrchr(name, '.');
