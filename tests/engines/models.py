@@ -275,6 +275,8 @@ MODELS = {
                                                               group=32),
     "qwen3_moe-gptq": lambda out: packed_oracle.build_moe(out, "gptq", E=4, H=128, I=256,
                                                           group=32),
+    "qwen3_moe-awq": lambda out: packed_oracle.build_moe(out, "awq", E=4, H=128, I=256,
+                                                         group=32),
     # Gemma 4 (Gemma4ForCausalLM): the E series (per-layer inputs, KV-shared layers with a
     # double-wide MLP, k_eq_v full layers with their own head size and one global KV head, a
     # per-layer vocabulary of its own size), the same shipping the KV-shared layers' K/V
