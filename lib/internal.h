@@ -939,6 +939,10 @@ typedef struct {
      * or NULL: vLLM 0.33 derives it from the files' dtypes, and in rank
      * files the fused modules' parts are not there to find */
     const char *module_list;
+    /* the same for a method whose config lists the unquantized modules
+     * instead ("modules_to_not_convert": AWQ), derived from the files' dtypes
+     * as vLLM derives it from the source's */
+    const char *skip_list;
     /* what vLLM's loader refuses of a row-parallel cut with one group
      * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
     const char *channel_rowwise_refusal;
