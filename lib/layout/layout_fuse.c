@@ -213,9 +213,15 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
     const tps_ctensor *t0 = &ck->t[idx[0]];
-    uint64_t heads[16];
+    uint64_t heads[16], pn[16];
+    /* --pad-intermediate: the MLP's parts padded (zero rows after the real ones) */
+    for (size_t j = 0; j < f->nparts && j < 16; j++)
+        pn[j] = f->parts[j].rows && L->pad_field && !strcmp(f->parts[j].rows, L->pad_field) &&
+                        !base[j] && nrows[j] == L->pad_from && L->pad_to > L->pad_from
+                    ? L->pad_to
+                    : nrows[j];
     for (size_t j = 0; j < f->nparts; j++)
-        if (!fused_part(C, f, parent, param, idx, nrows, j, &heads[j], ly)) return TPS_OK;
+        if (!fused_part(C, f, parent, param, idx, pn, j, &heads[j], ly)) return TPS_OK;
     char *name = tps_lc_own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, param));
     if (!name) return nomem(C);
     uint64_t rowb = tps_lc_inner_bits(t0, 0) / 8;
@@ -232,7 +238,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                 lo[j] = 0;
                 len[j] = nrows[j];
             } else {
-                tps_lc_part_rows(nrows[j], heads[j], f->parts[j].replicate, C->tp, r,
+                tps_lc_part_rows(pn[j], heads[j], f->parts[j].replicate, C->tp, r,
                                  L->spec->exact, &lo[j], &len[j]);
             }
             total += len[j];
@@ -244,8 +250,13 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
         TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));
         uint64_t at = 0;
         for (size_t j = 0; j < f->nparts; j++) {
-            TPS_TRY(
-                tps_lc_src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + len[j], at));
+            /* the real rows, then the padding's zeros */
+            uint64_t rl = lo[j] >= nrows[j] ? 0 : lo[j] + len[j] <= nrows[j] ? len[j] : nrows[j] - lo[j];
+            if (rl || len[j] == 0)
+                TPS_TRY(tps_lc_src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + rl, at));
+            if (len[j] > rl)
+                TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = at + rl * rowb,
+                                                             .nbytes = (len[j] - rl) * rowb}));
             at += len[j] * rowb;
         }
         if (quant) TPS_TRY(tps_lc_place_fused_scales(C, f, idx, r, lo, len, heads, nrows,
