@@ -426,10 +426,13 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         uint64_t pfrom, pto;
         if (!tps_layout_new_padded(ctx, ck, plan, tps_layout_spec_of(L), tp, tps_layout_ep(L), 1,
                                    NULL, 1, &P) &&
-            P && !tps_layout_rejected(P) && tps_layout_padding(P, &pf, &pfrom, &pto))
-            printf("\nsuggestion: split --pad-intermediate pads %s %llu to %llu with codes that "
-                   "dequantize to 0 (the MLP computes the same), which tp %d accepts\n", pf,
-                   (unsigned long long)pfrom, (unsigned long long)pto, tp);
+            P && !tps_layout_rejected(P))
+            for (int k = 0; k < 2; k++)
+                if (tps_layout_padding(P, k, &pf, &pfrom, &pto))
+                    printf("\nsuggestion: split --pad-intermediate pads %s %llu to %llu with codes "
+                           "that dequantize to 0 (the %s computes the same), which tp %d "
+                           "accepts\n", pf, (unsigned long long)pfrom, (unsigned long long)pto,
+                           k ? "experts' MLP" : "MLP", tp);
         tps_layout_free(P);
     }
     if (rej) printf("\nverdict: rejected: %s\n", rej);

@@ -1067,6 +1067,10 @@ struct tps_layout {
     int pad_mode;
     const char *pad_field;
     uint64_t pad_from, pad_to;
+    int pad_used;          /* some dense MLP tensor was padded */
+    /* the same for the experts' intermediate size (moe_intermediate_size) */
+    const char *epad_field;
+    uint64_t epad_from, epad_to;
     /* pipeline parallelism (a layout with a pipeline section): pp stages of
      * tp ranks each; rank (worker) w is stage w / tp, tensor-parallel rank
      * w % tp, and nranks = tp * pp. Stage s holds layers

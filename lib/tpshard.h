@@ -278,8 +278,10 @@ tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *
                               const tps_layout_spec *spec, int tp, int ep, int pp,
                               const int *layers, int pad, tps_layout **out);
 /* The padding a layout made: 1 and config.json's field, the size it had
- * and the size the rank files hold; 0 when none. */
-int tps_layout_padding(const tps_layout *L, const char **field, uint64_t *from, uint64_t *to);
+ * and the size the rank files hold (k 0: the dense MLP's, 1: the experts');
+ * 0 when none. */
+int tps_layout_padding(const tps_layout *L, int k, const char **field, uint64_t *from,
+                       uint64_t *to);
 int tps_layout_pp(const tps_layout *L);     /* 1 without pipeline parallelism */
 int tps_layout_ranks(const tps_layout *L);  /* tp * pp: the ranks (workers) with rank files */
 /* Stage s's layers: [*first, *first + *n); the whole model at pp 1 (n 0 without a count). */

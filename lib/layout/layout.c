@@ -386,12 +386,15 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
     return tps_layout_new_padded(ctx, ck, plan, spec, tp, ep, pp, layers, 0, out);
 }
 
-int tps_layout_padding(const tps_layout *L, const char **field, uint64_t *from, uint64_t *to)
+int tps_layout_padding(const tps_layout *L, int k, const char **field, uint64_t *from,
+                       uint64_t *to)
 {
-    if (!L->pad_field || L->pad_to <= L->pad_from) return 0;
-    *field = L->pad_field;
-    *from = L->pad_from;
-    *to = L->pad_to;
+    const char *f = k ? L->epad_field : L->pad_used ? L->pad_field : NULL;
+    uint64_t a = k ? L->epad_from : L->pad_from, b = k ? L->epad_to : L->pad_to;
+    if (!f || b <= a) return 0;
+    *field = f;
+    *from = a;
+    *to = b;
     return 1;
 }
 

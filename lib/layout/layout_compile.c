@@ -431,6 +431,7 @@ tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kin
             size_t es = tps_dtype_bits(t->dtype) / 8;
             if (rl == len) TPS_TRY(tps_lc_src_piece(C, rt, i, d, lo, lo + len, 0));
             else if (rl) TPS_TRY(tps_lc_src_piece_run(C, rt, i, d, lo, lo + rl, 0, rl * es));
+            if (len > rl) L->pad_used = 1;
             if (len > rl)
                 TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = rl * es,
                                                              .nbytes = t->shape[0] * (len - rl) * es,

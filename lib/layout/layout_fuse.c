@@ -254,9 +254,11 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             uint64_t rl = lo[j] >= nrows[j] ? 0 : lo[j] + len[j] <= nrows[j] ? len[j] : nrows[j] - lo[j];
             if (rl || len[j] == 0)
                 TPS_TRY(tps_lc_src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + rl, at));
-            if (len[j] > rl)
+            if (len[j] > rl) {
                 TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = at + rl * rowb,
                                                              .nbytes = (len[j] - rl) * rowb}));
+                L->pad_used = 1;
+            }
             at += len[j] * rowb;
         }
         if (quant) TPS_TRY(tps_lc_place_fused_scales(C, f, idx, r, lo, len, heads, nrows,

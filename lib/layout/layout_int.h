@@ -42,6 +42,8 @@ typedef struct {
     unsigned char *used; /* per source tensor: placed */
     size_t *last, *next; /* per source tensor its newest region; per region the one before */
     char why[1024];      /* the first refusal */
+    int epad_said;       /* the experts' padding is in the checks list */
+    int in_experts;      /* placing experts (their padding is L->epad_*) */
 } cstate;
 
 /* layout.c */

@@ -177,7 +177,26 @@ static tps_err pad_piece(cstate *C, tps_rtensor *rt, const tps_qpart *p, uint64_
     tps_lpiece pc = {.kind = w ? TPS_PK_CONST : TPS_PK_ZERO, .at = at, .nbytes = nbytes,
                      .run = (uint32_t)run, .value = (double)(int32_t)w};
     if (!nbytes) return TPS_OK;
+    if (!C->in_experts) C->L->pad_used = 1;
     return tps_lc_add_piece(C, rt, pc);
+}
+
+/* The features an intermediate size must be a whole number of, for every
+ * part of the method to cut on whole words and groups (1 unquantized). */
+static uint64_t pad_unit(const tps_quant *q)
+{
+    uint64_t unit = 1;
+    for (size_t j = 0; q && q->m->weight_suffix && j < q->m->nparts; j++) {
+        const tps_qpart *p = &q->m->parts[j];
+        if (p->role == TPS_QR_UNUSED || p->role == TPS_QR_SHAPE || p->per_tensor) continue;
+        tps_dtype d = p->role == TPS_QR_ZEROS ? TPS_I32 : p->role == TPS_QR_SCALE ? TPS_F16
+                      : q->m->weight_dtype(TPS_I32) ? TPS_I32 : TPS_U8;
+        uint64_t pf = (uint64_t)tps_dtype_bits(d) / (uint64_t)q->bits;
+        uint64_t ou = p->out_packed ? pf : 1;
+        uint64_t iu = p->in_by == 0 ? 1 : p->in_by == 2 ? pf : q->group < 0 ? 1 : (uint64_t)q->group;
+        unit = lcm_u(unit, lcm_u(ou, iu));
+    }
+    return unit;
 }
 
 tps_err tps_lc_pad_setup(cstate *C)
@@ -193,27 +212,17 @@ tps_err tps_lc_pad_setup(cstate *C)
         refuse(C, "--pad-intermediate: config.json has no usable intermediate_size to pad");
         return TPS_OK;
     }
-    uint64_t unit = 1;
+    uint64_t unit = pad_unit(q);
     if (q && !q->m->weight_suffix) {
         refuse(C, "--pad-intermediate: %s checkpoints are not padded yet (packed methods and "
                   "unquantized ones are: their scale blocks would need padding too)",
                q->method_name);
         return TPS_OK;
     }
-    for (size_t j = 0; q && j < q->m->nparts; j++) {
-        const tps_qpart *p = &q->m->parts[j];
-        if (p->role == TPS_QR_UNUSED || p->role == TPS_QR_SHAPE || p->per_tensor) continue;
-        tps_dtype d = p->role == TPS_QR_ZEROS ? TPS_I32 : p->role == TPS_QR_SCALE ? TPS_F16
-                      : q->m->weight_dtype(TPS_I32) ? TPS_I32 : TPS_U8;
-        uint64_t pf = (uint64_t)tps_dtype_bits(d) / (uint64_t)q->bits;
-        uint64_t ou = p->out_packed ? pf : 1;
-        uint64_t iu = p->in_by == 0 ? 1 : p->in_by == 2 ? pf : q->group < 0 ? 1 : (uint64_t)q->group;
-        unit = lcm_u(unit, lcm_u(ou, iu));
-    }
     if (I % unit) {
-        refuse(C, "--pad-intermediate: intermediate_size %llu is not whole groups and words of "
-                  "%llu features, so its last rank's real features would end inside one",
-               (unsigned long long)I, (unsigned long long)unit);
+        /* no dense MLP can hold it (an MoE's unused field), or the linears
+         * refuse it themselves with their units */
+        L->pad_from = L->pad_to = I;
         return TPS_OK;
     }
     uint64_t step = unit * (uint64_t)C->tp;
@@ -729,6 +738,33 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
                (unsigned long long)want, module, (unsigned long long)I);
         goto out;
     }
+    uint64_t Ireal = I;
+    C->in_experts = 1;
+    if (L->pad_mode && !L->ep) {
+        /* --pad-intermediate: the experts' rows padded too (vLLM #49949: Nemotron's
+         * 1856 at tp 8 cuts a 16-group) */
+        uint64_t unit = pad_unit(q), step = unit * tp;
+        if (I % unit) {
+            refuse(C, "--pad-intermediate: the experts' %llu intermediate features are not whole "
+                      "groups and words of %llu", (unsigned long long)I, (unsigned long long)unit);
+            goto out;
+        }
+        uint64_t Ip = (I + step - 1) / step * step;
+        if (Ip > I && (!L->epad_field || L->epad_from == I)) {
+            L->epad_field = x->rows ? x->rows : "moe_intermediate_size";
+            L->epad_from = I;
+            L->epad_to = Ip;
+            if (!C->epad_said) {
+                char d[256];
+                snprintf(d, sizeof d, "%s %llu padded to %llu: %llu features a rank, whole units of %llu",
+                         L->epad_field, (unsigned long long)I, (unsigned long long)Ip,
+                         (unsigned long long)(Ip / tp), (unsigned long long)unit);
+                TPS_CHECK(tps_lc_add_check(C, "--pad-intermediate (experts)", 1, d));
+                C->epad_said = 1;
+            }
+        }
+        I = Ip;
+    }
     if (!L->ep && I % tp) {
         char works[300];
         tps_lc_works_list(works, sizeof works, I, 0, tps_lc_ok_divides);
@@ -793,7 +829,8 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
                            t0->name, m->channel_rowwise_refusal);
                     goto out;
                 }
-                if (!whole && !on_units(lo, Ir, u)) {
+                uint64_t rl = whole ? 0 : lo >= Ireal ? 0 : lo + Ir <= Ireal ? Ir : Ireal - lo;
+                if (!whole && (!on_units(lo, Ir, u) || rl % u)) {
                     refuse_units(C, t0, cols ? "input" : "output", I, lo, Ir, u, 0, 0,
                                  cols && p->in_by == 1);
                     goto out;
@@ -818,7 +855,23 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
                             goto out;
                         }
                         int d = whole ? -1 : ax;
-                        if (ax == 0 || st->nparts == 1) {
+                        uint64_t rb = whole ? b : a + rl / u, pu = whole ? 0 : b - rb;
+                        if (pu) {
+                            /* --pad-intermediate: the real features, then the pad's */
+                            uint64_t rowb = tps_lc_inner_bits(&ck->t[src], 0) / 8;
+                            if (ax == 0) {
+                                uint64_t at = k * per_e + j * (b - a) * rowb;
+                                if (rb > a) TPS_CHECK(tps_lc_src_piece(C, rt, src, 0, a, rb, at));
+                                TPS_CHECK(pad_piece(C, rt, p, pu * rowb, at + (rb - a) * rowb, 0));
+                            } else {
+                                uint64_t at = k * per_e + (st->nparts > 1 ? j * (b - a) * es : 0);
+                                if (rb > a)
+                                    TPS_CHECK(tps_lc_src_piece_run(C, rt, src, 1, a, rb, at,
+                                                                   (rb - a) * es));
+                                TPS_CHECK(pad_piece(C, rt, p, t0->shape[0] * pu * es,
+                                                    at + (rb - a) * es, pu * es));
+                            }
+                        } else if (ax == 0 || st->nparts == 1) {
                             /* rows (or the only part): one run at its place */
                             uint64_t rowb = tps_lc_inner_bits(&ck->t[src], 0) / 8;
                             uint64_t at = k * per_e + (ax == 0 ? j * (b - a) * rowb : 0);
@@ -867,6 +920,7 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
                 }
             }
 out:
+    C->in_experts = 0;
     free(lin);
     return rc;
 }

@@ -237,9 +237,15 @@ static void mw_untie(const engine *E, FILE *f)
     }
     const char *pf;
     uint64_t pfrom, pto;
-    if (tps_layout_padding(E->L, &pf, &pfrom, &pto))
-        fprintf(f, "\"pad_intermediate\": {\"field\": \"%s\", \"from\": %llu, \"to\": %llu},\n", pf,
+    int any = 0;
+    for (int k = 0; k < 2; k++) {
+        if (!tps_layout_padding(E->L, k, &pf, &pfrom, &pto)) continue;
+        fprintf(f, "%s\"%s\": {\"field\": \"%s\", \"from\": %llu, \"to\": %llu}",
+                any ? ", " : "\"pad_intermediate\": {", k ? "experts" : "mlp", pf,
                 (unsigned long long)pfrom, (unsigned long long)pto);
+        any = 1;
+    }
+    if (any) fputs("},\n", f);
     if (ck->untie_head) {
         /* --untie: the head is the embedding's bytes, and config.json was
          * rewritten; merge gives back this original config.json. */

@@ -1484,7 +1484,9 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                        "cannot find in rank files (fused names)";
     const char *pf;
     uint64_t pfrom, pto;
-    if (tps_layout_padding(L, &pf, &pfrom, &pto)) {
+    int named = E.config_written != NULL;
+    for (int pk = 0; pk < 2; pk++) {
+        if (!tps_layout_padding(L, pk, &pf, &pfrom, &pto)) continue;
         /* --pad-intermediate: the engine builds the padded model */
         const char *base = E.config_written ? E.config_written
                            : ck->config_out ? ck->config_out : ck->config_text;
@@ -1505,9 +1507,8 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         TPS_FAIL_IF(!text, ctx, TPS_E_NOMEM, "out of memory");
         free(E.config_written);
         E.config_written = text;
-        E.config_why = E.config_why ? "the quantized modules named, and --pad-intermediate's "
-                                      "size of the MLP"
-                                    : "--pad-intermediate: the MLP's padded size";
+        E.config_why = named ? "the quantized modules named, and --pad-intermediate's padded sizes"
+                             : "--pad-intermediate: the padded sizes";
     }
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
                                 E.config_written ? E.config_written : ck->config_out));

@@ -537,7 +537,7 @@ def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, grou
     return d
 
 
-def expected_moe_ranks(d, tp, ep=False):
+def expected_moe_ranks(d, tp, ep=False, pad=False):
     """vLLM's rank state of build_moe's checkpoint: family_oracle's BF16 picture
     of the same model with the packed stacks in place of w13_weight/w2_weight
     (AutoGPTQMoEMethod, CompressedTensorsWNA16MoEMethod, ModelOptNvFp4FusedMoE
@@ -578,11 +578,16 @@ def expected_moe_ranks(d, tp, ep=False):
     except fo.Rejected as e:
         raise Refused(str(e), "")
     mtp = 1 if ep else tp
+    parts = _parts(method, pf, group)
+    Ireal = I
+    if pad and not ep:
+        I = padded_size(I, tp, parts)
     if I % mtp:
         raise Refused("moe_intermediate_size not divisible", "moe_intermediate_size")
     Ip = I // mtp
     Er = E // tp if ep else E
-    parts = _parts(method, pf, group)
+    zmethod = "gptq" if method == "gptq" else ("ct-sym" if method == "ct" and not any(
+        n.endswith(".weight_zero_point") for n in src) else method)
     for r in range(tp):
         out = ranks[r]
         e0 = r * Er if ep else 0
@@ -624,6 +629,8 @@ def expected_moe_ranks(d, tp, ep=False):
                         for lf in leaves:
                             t = src[f"{P}{e}.{lf}.{suf}"]
                             sl = [slice(None)] * 2
+                            rn = max(0, min(lo + Ip, Ireal) - lo)
+                            padn, pax = 0, 0
                             if ep:
                                 pass
                             elif cols:
@@ -633,13 +640,18 @@ def expected_moe_ranks(d, tp, ep=False):
                                     if lo % iu or Ip % iu:
                                         raise Refused("experts' input features not whole groups",
                                                       "groups" if kind != "w" else "packed words")
-                                    sl[1 - oax] = slice(lo // iu, (lo + Ip) // iu)
+                                    sl[1 - oax] = slice(lo // iu, (lo + rn) // iu)
+                                    padn, pax = (Ip - rn) // iu, 1 - oax
                             else:
                                 if lo % ou or Ip % ou:
                                     raise Refused("experts' output features not whole words",
                                                   "packed words")
-                                sl[oax] = slice(lo // ou, (lo + Ip) // ou)
-                            cut.append(_cut(t, sl))
+                                sl[oax] = slice(lo // ou, (lo + rn) // ou)
+                                padn, pax = (Ip - rn) // ou, oax
+                            piece = _cut(t, sl)
+                            if padn:
+                                piece = _pad(piece, pax, padn, _zero_word(zmethod, kind, bits))
+                            cut.append(piece)
                         per.append(_cat(cut, oax) if len(cut) > 1 else cut[0])
                     d0 = per[0][0]
                     out[name] = (d0, [Er] + per[0][1], b"".join(x[2] for x in per))
@@ -654,10 +666,21 @@ def moe_dropped(d):
     return sorted(n for n in names if n.endswith(".weight_shape"))
 
 
-def moe_expected_config(d):
+def moe_expected_config(d, tp=None, pad=False):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     qc = cfg["quantization_config"]
+    if pad:
+        method = _method(qc)
+        if method == "ct":
+            w = qc["config_groups"]["group_0"]["weights"]
+            bits, group = w["num_bits"], (-1 if w["strategy"] == "channel" else w["group_size"])
+        elif method == "nvfp4":
+            bits, group = 4, 16
+        else:
+            bits, group = qc["bits"], qc["group_size"]
+        cfg["moe_intermediate_size"] = padded_size(cfg["moe_intermediate_size"], tp,
+                                                   _parts(method, 32 // bits, group))
     if qc["quant_method"] == "gptq" and not qc.get("modules_in_block_to_quantize"):
         names = _st_read(os.path.join(d, "model.safetensors"))
         qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names

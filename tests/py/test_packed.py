@@ -164,9 +164,49 @@ MOE = {
     "moe-gptq-g32": ("gptq", {}),
     "moe-nvfp4": ("nvfp4", {}),
     "moe-awq-g32": ("awq", {}),
+    # experts of 224 rows: 56 a rank at tp 4, not whole 16-groups (NVFP4) or 32-groups (GPTQ)
+    "moe-nvfp4-i224": ("nvfp4", {"I": 224}),
+    "moe-gptq-i224": ("gptq", {"I": 224}),
+    "moe-ct-asym-i224": ("ct", {"I": 224, "sym": False}),
     # experts of 96 rows, groups of 32: tp 2 gives down_proj 48 input features
     "moe-ct-i96": ("ct", {"I": 96, "E": 8}),
 }
+
+
+def moe_pad_case(name, tp):
+    """--pad-intermediate on experts whose rank width is not whole groups
+    (vLLM #49949: Nemotron's 1856 experts at tp 8 cut a 16-group)."""
+    method, kw = MOE[name]
+    m = os.path.join(TMP, "m-" + name)
+    if not os.path.exists(os.path.join(m, "config.json")):
+        po.build_moe(m, method, **kw)
+    label = f"packed vllm {name} tp {tp} --pad-intermediate"
+    out = os.path.join(TMP, f"o-{name}-{tp}-pad")
+    rc, _, se = tps("split", m, "--tp", tp, "-o", out + "-plain", "-q", "--layout", "vllm")
+    rc2, so2, _ = tps("plan", m, "--tp", tp, "--layout", "vllm")
+    report(rc == 1 and "experts' MLP" in so2, f"{label}: refused without it, plan suggests it",
+           f"rc {rc}\n{se[-300:]}\n{so2[-500:]}")
+    rc, so, se = tps("split", m, "--tp", tp, "-o", out, "-q", "--layout", "vllm", "--pad-intermediate")
+    if rc:
+        report(False, f"{label}: split", se)
+        return
+    want = po.expected_moe_ranks(m, tp, pad=True)
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, tp)
+                if not x.startswith("config.json differs")]
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f) != po.moe_expected_config(m, tp, pad=True):
+            problems.append("config.json is not the source's with the padded moe_intermediate_size")
+    report(not problems, f"{label}: every rank file holds exactly the oracle's padded experts",
+           "\n".join(problems[:20]))
+    rc, so, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes", se)
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", se + so[-600:])
+    rc, so, se = tps("merge", out, "-o", out + "-merged")
+    src, got = sources(m), sources(out + "-merged") if rc == 0 else {}
+    drop = set(po.moe_dropped(m))
+    bad = [n for n in src if n not in drop and src[n] != got.get(n)]
+    report(rc == 0 and not bad, f"{label}: merge gives back the unpadded source", f"{bad[:4]}{se[-300:]}")
 
 
 def moe_case(name, tp, ep=False, full=False):
@@ -465,6 +505,8 @@ def main():
             moe_case(name, tp, full=(name, tp) in {("moe-ct-g32", 2), ("moe-gptq-g32", 4),
                                                    ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4),
                                                    ("moe-awq-g32", 4)})
+    for name in ("moe-nvfp4-i224", "moe-gptq-i224", "moe-ct-asym-i224"):
+        moe_pad_case(name, 4)
     moe_case("moe-ct-g32", 2, ep=True)
     moe_case("moe-ct-i96", 4, ep=True)
     m = os.path.join(TMP, "m-moe-nvfp4")
