@@ -41,7 +41,7 @@ py=$top/build/venv/bin/python
 mkdir -p "$out/models"
 (cd "$top/tests/py" && "$py" - "$out/models" <<'PY'
 import os, sys
-import quant_oracle as q, family_oracle as fo, moe_quant_oracle as mq
+import quant_oracle as q, family_oracle as fo, moe_quant_oracle as mq, packed_oracle as po
 o = sys.argv[1]
 def case(name, args, make):
     d = os.path.join(o, name)
@@ -69,6 +69,12 @@ case("moe-fp8-refined-vllm2-pp2", "2 vllm --pp 2",
 case("moe-fp8-tensor-vllm4-ep", "4 vllm --ep",
      lambda d: mq.build(d, "mixtral", "fp8-tensor", static=True, H=128))
 case("moe-fp8-block-sglang2", "2 sglang", lambda d: mq.build(d, "qwen3_moe", "fp8-block"))
+# packed methods: the BF16 products on the device, the dequant rows on the CPU
+case("gptq-vllm2", "2 vllm", lambda d: po.build(d, "gptq", group=32))
+case("awq-vllm4", "4 vllm", lambda d: po.build(d, "awq", H=256, I=512, hd=64, group=64))
+case("nvfp4-vllm2", "2 vllm", lambda d: po.build(d, "nvfp4"))
+case("gptq-pad-vllm4", "4 vllm --pad-intermediate", lambda d: po.build(d, "gptq", I=224, group=32))
+case("moe-w4a16-vllm2", "2 vllm", lambda d: po.build_moe(d, "ct"))
 PY
 )
 ls -l "$out"
