@@ -724,6 +724,7 @@ typedef struct {
     char **parts;   /* expert leaf modules, e.g. gate_proj, up_proj */
     size_t nparts;
     int dim;        /* 0: rows, 1: columns */
+    int halves;     /* stacked: sections of the part's rows (Gemma 4's gate_up_proj: 2), or 1 */
 } tps_lstack;
 
 typedef struct {
@@ -748,6 +749,9 @@ typedef struct {
     uint64_t shared_counts[8];
     size_t nshared_counts;
     char *shared_field;
+    /* stacked: the module holds every expert in one 3-D tensor a part,
+     * <module>.<part> [E, rows, H] or [E, H, rows] (Gemma 4's experts) */
+    int stacked;
     int line;
 } tps_lexperts;
 
@@ -1011,6 +1015,9 @@ typedef enum { TPS_PK_SRC = 0, TPS_PK_ZERO, TPS_PK_CONST } tps_piece_kind;
 typedef struct {
     uint8_t kind;    /* tps_piece_kind */
     uint8_t replica; /* SRC: another piece of the same region is the primary */
+    uint8_t sdim;    /* strided (run): 0, its runs a step of the dims before the rank
+                      * tensor's last apart; d + 1: a step of dim d apart (Gemma 4's
+                      * fused experts: gate and up rows of an expert side by side) */
     int rank;        /* its rank tensor's */
     size_t region;   /* SRC */
     uint64_t at;     /* byte offset in the rank tensor */
@@ -1050,6 +1057,15 @@ static inline uint64_t tps_rt_stride(const tps_rtensor *r)
 {
     uint64_t outer = 1;
     for (int d = 0; d + 1 < r->ndim; d++) outer *= r->shape[d];
+    return outer ? r->nbytes / outer : 0;
+}
+
+/* How far apart strided piece p's runs lie in rank tensor r. */
+static inline uint64_t tps_piece_stride(const tps_rtensor *r, const tps_lpiece *p)
+{
+    if (!p->sdim) return tps_rt_stride(r);
+    uint64_t outer = 1;
+    for (int d = 0; d < p->sdim && d < r->ndim; d++) outer *= r->shape[d];
     return outer ? r->nbytes / outer : 0;
 }
 

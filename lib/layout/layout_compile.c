@@ -127,7 +127,7 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
  * dtype is not src's: a scale the engine holds in F32, 4 bytes an element). */
 static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                              uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes,
-                             uint64_t run)
+                             uint64_t run, int sdim)
 {
     tps_layout *L = C->L;
     /* Refined pieces of one scale overlap (ranks share a block row): each
@@ -173,25 +173,31 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
                             (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
                                          .nbytes = nbytes,
                                          .replica = !fresh || (x && hi <= covered), .xf = xf,
-                                         .run = (uint32_t)run});
+                                         .run = (uint32_t)run, .sdim = (uint8_t)sdim});
 }
 
 tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
                          uint64_t at)
 {
-    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, 0);
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, 0, 0);
 }
 
 tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                            uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
 {
-    return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes, 0);
+    return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes, 0, 0);
 }
 
 tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                              uint64_t hi, uint64_t at, uint64_t run)
 {
-    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, run);
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, run, 0);
+}
+
+tps_err tps_lc_src_piece_stride(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                                uint64_t hi, uint64_t at, uint64_t run, int sdim)
+{
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, run, sdim);
 }
 
 char *tps_lc_own_name(cstate *C, char *s)

@@ -345,6 +345,98 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
     return rc;
 }
 
+/* Experts held whole in 3-D tensors, <module>.<part> [E, halves x I, H]
+ * (rows stacks) or [E, H, I] (columns): each stack on every rank, its
+ * experts' rows (every half's) or columns of the rank, or with --ep its
+ * experts whole. A rows stack of two halves (gate then up) puts each
+ * expert's rank rows of both side by side: two pieces whose runs are an
+ * expert apart (sdim 1). */
+static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *module)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const char *lname = L->spec->name;
+    int present;
+    uint64_t E = tps_lc_config_count(ck->config, x->count, &present);
+    uint64_t I = x->rows ? tps_lc_config_count(ck->config, x->rows, &present) : 0;
+    uint64_t H = tps_lc_config_count(ck->config, "hidden_size", &present);
+    uint64_t tp = (uint64_t)C->tp;
+    if (!E || !I || !H) {
+        refuse(C, "layout %s stacks the experts of '%s', but config.json lacks a usable %s, %s "
+                  "or hidden_size", lname, module, x->count, x->rows ? x->rows : "rows");
+        return TPS_OK;
+    }
+    if (L->ep ? E % tp : I % tp) {
+        char works[300];
+        tps_lc_works_list(works, sizeof works, L->ep ? E : I, 0, tps_lc_ok_divides);
+        refuse(C, "%s = %llu is not divisible by tp %d (layout %s %s; tp values that work: %s)",
+               L->ep ? x->count : x->rows, (unsigned long long)(L->ep ? E : I), C->tp, lname,
+               L->ep ? "holds whole experts on each rank" : "splits every expert evenly", works);
+        return TPS_OK;
+    }
+    uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
+    for (size_t si = 0; si < x->nstacks; si++) {
+        const tps_lstack *st = &x->stacks[si];
+        char *sn = tps_asprintf("%s.%s", module, st->parts[0]);
+        int t = sn ? tps_ckpt_find(ck, sn) : -1;
+        if (!sn) return nomem(C);
+        if (t < 0) {
+            refuse(C, "layout %s stacks the experts of '%s', but the checkpoint lacks '%s'", lname,
+                   module, sn);
+            free(sn);
+            return TPS_OK;
+        }
+        free(sn);
+        const tps_ctensor *ct = &ck->t[t];
+        uint64_t want1 = st->dim ? H : (uint64_t)st->halves * I, want2 = st->dim ? I : H;
+        if (ct->ndim != 3 || ct->shape[0] != E || ct->shape[1] != want1 || ct->shape[2] != want2) {
+            refuse(C, "tensor '%s' is %d-D [%llu, %llu, %llu], but config.json's %s = %llu, "
+                      "%s = %llu and hidden_size = %llu make it [%llu, %llu, %llu]: the checkpoint "
+                      "does not match its config.json",
+                   ct->name, ct->ndim, (unsigned long long)(ct->ndim > 0 ? ct->shape[0] : 0),
+                   (unsigned long long)(ct->ndim > 1 ? ct->shape[1] : 0),
+                   (unsigned long long)(ct->ndim > 2 ? ct->shape[2] : 0), x->count,
+                   (unsigned long long)E, x->rows, (unsigned long long)I, (unsigned long long)H,
+                   (unsigned long long)E, (unsigned long long)want1, (unsigned long long)want2);
+            return TPS_OK;
+        }
+        if (L->q && L->q->role[t] != TPS_QR_PLAIN) {
+            refuse(C, "tensor '%s' is quantized: layout %s stacks such experts unquantized only",
+                   ct->name, lname);
+            return TPS_OK;
+        }
+        char *name = tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%s", module, x->into, st->name)
+                                                : tps_asprintf("%s.%s", module, st->name));
+        if (!name) return nomem(C);
+        size_t es = tps_dtype_bits(ct->dtype) / 8;
+        for (int r = 0; r < C->tp; r++) {
+            uint64_t shape[3] = {Er, st->dim ? H : (uint64_t)st->halves * Ir, st->dim ? Ir : H};
+            tps_rtensor *rt;
+            TPS_TRY(tps_lc_new_rt(C, name, r, ct->dtype, 3, shape, "experts", &rt));
+            if (L->ep) {
+                TPS_TRY(tps_lc_src_piece(C, rt, (size_t)t, 0, (uint64_t)r * Er,
+                                         (uint64_t)(r + 1) * Er, 0));
+                continue;
+            }
+            if (st->dim) { /* the rank's columns of every expert: one run */
+                TPS_TRY(tps_lc_src_piece(C, rt, (size_t)t, 2, (uint64_t)r * Ir,
+                                         (uint64_t)(r + 1) * Ir, 0));
+                continue;
+            }
+            for (int h = 0; h < st->halves; h++) {
+                uint64_t lo = (uint64_t)h * I + (uint64_t)r * Ir;
+                if (st->halves == 1)
+                    TPS_TRY(tps_lc_src_piece(C, rt, (size_t)t, 1, lo, lo + Ir, 0));
+                else
+                    TPS_TRY(tps_lc_src_piece_stride(C, rt, (size_t)t, 1, lo, lo + Ir,
+                                                    (uint64_t)h * Ir * H * es, Ir * H * es, 1));
+            }
+        }
+        C->used[t] = 1;
+    }
+    return TPS_OK;
+}
+
 /* Stacks the experts of every module the layout's experts entries match;
  * the routers they rename. */
 tps_err tps_lc_compile_experts(cstate *C)
@@ -355,6 +447,28 @@ tps_err tps_lc_compile_experts(cstate *C)
     for (size_t xi = 0; xi < s->nexperts && !C->why[0]; xi++) {
         const tps_lexperts *x = &s->experts[xi];
         if (!tps_lc_type_listed(x->model_types, x->nmt, ck->config)) continue;
+        if (x->stacked) {
+            /* <module>.<part>: the module is the name but its last component */
+            for (size_t i = 0; i < ck->n && !C->why[0]; i++) {
+                size_t ml;
+                if (C->used[i] || !tps_lc_module_of(ck->t[i].name, &ml)) continue;
+                const char *dot = memrchr(ck->t[i].name, '.', strlen(ck->t[i].name));
+                size_t pl = dot ? (size_t)(dot - ck->t[i].name) : 0;
+                int hit = 0;
+                for (size_t k = 0; k < x->npat && !hit; k++)
+                    hit = tps_module_match(x->patterns[k], ck->t[i].name, pl);
+                if (!hit) continue;
+                char *module = tps_xmalloc(pl + 1);
+                if (!module) return nomem(C);
+                memcpy(module, ck->t[i].name, pl);
+                module[pl] = 0;
+                any = 1;
+                tps_err rc = place_stacked(C, x, module);
+                free(module);
+                TPS_TRY(rc);
+            }
+            continue;
+        }
         for (size_t i = 0; i < ck->n && !C->why[0];) {
             size_t ml, ll;
             uint64_t e;

@@ -87,6 +87,9 @@ tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint6
  * last-dim stride apart (a part concatenated along the last dim). */
 tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                              uint64_t hi, uint64_t at, uint64_t run);
+/* The same, its runs a step of the rank tensor's dim sdim - 1 apart. */
+tps_err tps_lc_src_piece_stride(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                                uint64_t hi, uint64_t at, uint64_t run, int sdim);
 /* Keeps made-up name s with the layout (NULL, s freed, on failure). */
 char *tps_lc_own_name(cstate *C, char *s);
 /* Rank r's rows of a fused part of n rows: on whole heads, or evenly. */

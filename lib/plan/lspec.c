@@ -327,12 +327,17 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
 {
     static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks",
-                                        "model_types", "fuse_shared"};
+                                        "model_types", "fuse_shared", "stacked"};
     static const char *const rknown[] = {"module", "as"};
-    static const char *const sknown[] = {"name", "parts", "split"};
+    static const char *const sknown[] = {"name", "parts", "split", "halves"};
     static const char *const fknown[] = {"module", "architectures", "counts", "shared"};
-    const ynode *v[8], *rv[2], *fv[4];
-    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 8, v));
+    const ynode *v[9], *rv[2], *fv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 9, v));
+    if (v[8]) {
+        if (v[8]->type != YN_SCALAR || (strcmp(v[8]->s, "true") && strcmp(v[8]->s, "false")))
+            return tps_pl_perr(pc, v[8]->line, "'stacked' is true or false");
+        x->stacked = !strcmp(v[8]->s, "true");
+    }
     if (v[7]) {
         TPS_TRY(tps_pl_map_fields(pc, v[7], "fuse_shared", fknown, 4, fv));
         if (!fv[0] || !fv[1] || !fv[2] || !fv[3])
@@ -384,9 +389,17 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     x->stacks = tps_xcalloc(v[5]->n, sizeof *x->stacks);
     if (!x->stacks) return tps_pl_nomem(pc->ctx);
     for (size_t i = 0; i < v[5]->n; i++) {
-        const ynode *sv[3];
+        const ynode *sv[4];
         tps_lstack *st = &x->stacks[x->nstacks++];
-        TPS_TRY(tps_pl_map_fields(pc, v[5]->kid[i], "stack", sknown, 3, sv));
+        TPS_TRY(tps_pl_map_fields(pc, v[5]->kid[i], "stack", sknown, 4, sv));
+        st->halves = 1;
+        if (sv[3]) {
+            double d;
+            if (tps_pl_y_number(sv[3], &d) || (d != 1 && d != 2) || !x->stacked)
+                return tps_pl_perr(pc, sv[3]->line, "a stack's 'halves' is 1 or 2, in a stacked "
+                                                    "experts entry");
+            st->halves = (int)d;
+        }
         if (!sv[0] || !sv[1] || !sv[2])
             return tps_pl_perr(pc, v[5]->kid[i]->line, "a stack needs 'name', 'parts' and 'split'");
         TPS_TRY(tps_pl_get_str(pc, sv[0], "name", &st->name));

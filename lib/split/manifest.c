@@ -351,7 +351,7 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
     if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
     if (p->run)
         fprintf(f, ", \"run\": %u, \"stride\": %llu", (unsigned)p->run,
-                (unsigned long long)tps_rt_stride(rt));
+                (unsigned long long)tps_piece_stride(rt, p));
     if (rt->dtype != t->dtype) fprintf(f, ", \"dtype\": \"%s\"", tps_dtype_name(rt->dtype));
     fputs(", \"shape\": ", f);
     mw_shape(f, ls, t->ndim);
@@ -446,7 +446,7 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
                             (unsigned long long)p->at, (unsigned long long)p->nbytes);
                     if (p->run)
                         fprintf(f, "\"run\": %u, \"stride\": %llu, ", (unsigned)p->run,
-                                (unsigned long long)tps_rt_stride(rt));
+                                (unsigned long long)tps_piece_stride(rt, p));
                     if (p->kind == TPS_PK_SRC) {
                         fputs("\"source\": ", f);
                         mw_str(f, ck->t[L->regions[p->region].src].name);

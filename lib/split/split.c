@@ -91,7 +91,7 @@ static int piece_runs(const engine *E, const tps_rtensor *rt, const tps_lpiece *
                       uint64_t *c0, uint64_t *run, uint64_t *nr)
 {
     uint64_t stride = tps_rt_stride(rt);
-    if (!stride || p->xf) return 0;
+    if (!stride || p->xf || p->sdim) return 0;
     *run = p->run ? p->run : stride;
     if (!p->run && (p->at % stride || p->nbytes % stride)) return 0;
     if (p->kind == TPS_PK_SRC) {
@@ -680,7 +680,7 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
         if (rt->dtype != sd)
             return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a strided piece cannot be widened",
                             f->final, rt->name);
-        uint64_t stride = tps_rt_stride(rt);
+        uint64_t stride = tps_piece_stride(rt, p);
         const char *in = buf;
         /* Many short runs: copied into a shared mapping of the rank file's
          * span, a sub-chunk at a time (a write per run costs a syscall per
@@ -1127,7 +1127,7 @@ static tps_err write_constants(engine *E)
             for (size_t b = 0; b < sizeof pat; b++) pat[b] = el[b % es];
             ofile *f = &E->files[E->slots[k].file];
             /* in runs `stride` apart (a pad piece beside other parts), or one */
-            uint64_t run = p->run ? p->run : p->nbytes, stride = p->run ? tps_rt_stride(rt) : 0;
+            uint64_t run = p->run ? p->run : p->nbytes, stride = p->run ? tps_piece_stride(rt, p) : 0;
             for (uint64_t r0 = 0; run && r0 < p->nbytes; r0 += run) {
                 uint64_t at = E->slots[k].off + p->at + r0 / run * stride;
                 for (uint64_t a = 0; a < run; a += sizeof pat) {

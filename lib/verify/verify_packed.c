@@ -24,7 +24,7 @@
 int tps_vp_is_packed(const vctx *V, size_t i)
 {
     const tps_ctensor *ct = &V->ck->t[i];
-    if (!V->lay || ct->dim != 0 || ct->npieces < 2) return 0;
+    if (!V->lay || ct->dim < 0 || ct->npieces < 2) return 0;
     for (int a = 0; a < ct->npieces; a++)
         for (int b = a + 1; b < ct->npieces; b++)
             if (ct->pieces[a].rank == ct->pieces[b].rank) return 1;
@@ -139,6 +139,28 @@ static tps_err vp_compare_source(vctx *V, const tps_ctensor *ct, int si, int num
         rc = tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
         goto out;
     }
+    if (ct->dim > 0) {
+        /* pieces along a later dim (Gemma 4's stacked experts: each expert's
+         * gate and up rows): every outer step's slice against the source's */
+        uint64_t inner = tps_dtype_bits(ct->dtype) / 8, outer = 1;
+        for (int d = ct->dim + 1; d < ct->ndim; d++) inner *= ct->shape[d];
+        for (int d = 0; d < ct->dim; d++) outer *= ct->shape[d];
+        uint64_t row = ct->shape[ct->dim] * inner, cap = rows_per * rowb;
+        for (int p = 0; p < np && !rc; p++) {
+            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            uint64_t sb = pc->lo * inner, l = (pc->hi - pc->lo) * inner;
+            for (uint64_t o = 0; o < outer && !rc; o++)
+                for (uint64_t c = 0; c < l && !rc; c += cap) {
+                    size_t n = (size_t)(l - c < cap ? l - c : cap);
+                    if ((rc = tps_ckpt_read_piece_at(ctx, V->ck, ct, pc, o * l + c, a, n))) break;
+                    if ((rc = tps_ckpt_read(ctx, V->src, (size_t)si, o * row + sb + c, b, n))) break;
+                    atomic_fetch_add(&V->bytes, n);
+                    t->total += n;
+                    vp_compare_rows(ct, p, pc, pc->lo, a, b, 1, n, t);
+                }
+        }
+        goto out;
+    }
     for (int bb = 0; numeric && bb < batch; bb++)
         for (uint64_t c = 0; c < cols; c++)
             x[(size_t)bb * cols + c] = tps_input_value(V->o->seed, (uint64_t)bb, c);
@@ -235,7 +257,7 @@ tps_err tps_vp_check(vctx *V, size_t i)
             return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
         return TPS_OK;
     }
-    int numeric = ct->ndim == 2 && tps_va_numeric_dtype(ct->dtype) && V->q == NULL;
+    int numeric = ct->ndim == 2 && ct->dim == 0 && tps_va_numeric_dtype(ct->dtype) && V->q == NULL;
     int batch = V->batch < 4 ? V->batch : 4;
     vp_tally t = {0};
     tps_err rc = vp_compare_source(V, ct, si, numeric, batch, &t);

@@ -277,6 +277,10 @@ MODELS = {
                                                           group=32),
     "qwen3_moe-awq": lambda out: packed_oracle.build_moe(out, "awq", E=4, H=128, I=256,
                                                          group=32),
+    # Gemma 4 MoE (26B-A4B style): router and 4 stacked experts beside every dense MLP
+    "gemma4-moe": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
+                       ple=0, kv_shared=0, double_wide=False, vocab=256, experts=4,
+                       moe_inter=32, seed=7),
     # Gemma 4 (Gemma4ForCausalLM): the E series (per-layer inputs, KV-shared layers with a
     # double-wide MLP, k_eq_v full layers with their own head size and one global KV head, a
     # per-layer vocabulary of its own size), the same shipping the KV-shared layers' K/V

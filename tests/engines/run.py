@@ -83,6 +83,7 @@ CASES = [
     (V, "llama-ct-nvfp4", "ct-nvfp4", 2, 1),
     (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 2, 1), (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 4, 1),
     (V, "qwen3_moe-gptq", "gptq", 2, 1), (V, "qwen3_moe-awq", "awq", 2, 1),
+    (V, "gemma4-moe", "bf16", 2, 1), (V, "gemma4-moe", "bf16", 4, 1),
     # SGLang
     (S, "llama", "bf16", 2, 1), (S, "llama", "bf16", 4, 1),
     (S, "qwen2", "bf16", 2, 1), (S, "qwen3-tied", "bf16", 2, 1), (S, "mistral", "bf16", 2, 1),

@@ -100,7 +100,8 @@ def _vision_tensors(add, prefix, H_text):
 def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_head_dim=32,
                     global_kv_heads=1, inter=96, vocab=250, vocab_pl=200, layers=4, ple=8,
                     kv_shared=2, k_eq_v=True, double_wide=True, ship_shared_kv=False,
-                    tied=True, per_layer_config=False, multimodal=False, seed=0):
+                    tied=True, per_layer_config=False, multimodal=False, seed=0, experts=0,
+                    moe_inter=0):
     """A Gemma4ForCausalLM checkpoint (model_type gemma4_text, tensors model.*):
     layers alternate sliding/full attention (the last one full), the last
     kv_shared share KV, ple the per-layer input width (0: none). With
@@ -153,6 +154,15 @@ def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_
             add(p + "per_layer_input_gate.weight", ple, H)
             add(p + "per_layer_projection.weight", H, ple)
             add(p + "post_per_layer_input_norm.weight", H)
+        if experts:  # the 26B-A4B style MoE block beside the dense MLP (Gemma4TextExperts)
+            add(p + "router.proj.weight", experts, H)
+            add(p + "router.scale", H)
+            add(p + "router.per_expert_scale", experts)
+            add(p + "experts.gate_up_proj", experts, 2 * moe_inter, H)
+            add(p + "experts.down_proj", experts, H, moe_inter)
+            for n in ("post_feedforward_layernorm_1", "post_feedforward_layernorm_2",
+                      "pre_feedforward_layernorm_2"):
+                add(p + n + ".weight", H)
     add("model.norm.weight", H)
     if not tied:
         add("lm_head.weight", vocab, H)
@@ -180,8 +190,10 @@ def make_checkpoint(outdir, hidden=64, heads=4, kv_heads=2, head_dim=16, global_
         "hidden_activation": "gelu_pytorch_tanh",
         "tie_word_embeddings": tied,
         "torch_dtype": "bfloat16",
-        "enable_moe_block": False,
+        "enable_moe_block": bool(experts),
     }
+    if experts:
+        config.update({"num_experts": experts, "top_k_experts": 2, "moe_intermediate_size": moe_inter})
     if multimodal:
         def add_raw(name, *shape):
             t[name] = ("BF16", list(shape), _bf16(rng, shape))
@@ -395,8 +407,10 @@ def expected_ranks(model_dir, tp):
     _config, t = load_checkpoint(model_dir)
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    if _cfg(config, "num_experts"):
-        raise Rejected("num_experts: Gemma 4 MoE is not modelled here")
+    E = _cfg(config, "num_experts") or 0
+    MI = _cfg(config, "moe_intermediate_size") or 0
+    if E and MI % tp:
+        raise Rejected(f"moe_intermediate_size {MI} % tp {tp}")
     qc = config.get("quantization_config") or {}
     block = qc.get("weight_block_size")
     A = _cfg(config, "num_attention_heads")
@@ -487,4 +501,22 @@ def expected_ranks(model_dir, tp):
             _put(out, dst + "mlp.gate_up_proj", fused)
             d = lin(src + "mlp.down_proj")
             _put(out, dst + "mlp.down_proj", d.cols(*_even(d.w[1][1], tp, r)))
+            if E and src + "experts.gate_up_proj" in t:
+                # models/gemma4.py: the router whole, the MoE norms whole; the experts'
+                # routed_experts.w13_weight [E, 2 I/tp, H] each expert's rank gate rows then
+                # up rows, w2_weight [E, H, I/tp] the rank's columns of down_proj
+                for n in ("router.proj.weight", "router.scale", "router.per_expert_scale",
+                          "post_feedforward_layernorm_1.weight", "post_feedforward_layernorm_2.weight",
+                          "pre_feedforward_layernorm_2.weight"):
+                    out[dst + n] = t[src + n]
+                dt, sh, raw = t[src + "experts.gate_up_proj"]
+                gu = np.frombuffer(raw, np.uint16).reshape(sh)
+                Ir, lo = MI // tp, r * (MI // tp)
+                w13 = np.concatenate([gu[:, lo:lo + Ir], gu[:, MI + lo:MI + lo + Ir]], axis=1)
+                out[dst + "experts.routed_experts.w13_weight"] = (dt, list(w13.shape),
+                                                                  np.ascontiguousarray(w13).tobytes())
+                dt, sh, raw = t[src + "experts.down_proj"]
+                dn = np.frombuffer(raw, np.uint16).reshape(sh)[:, :, lo:lo + Ir]
+                out[dst + "experts.routed_experts.w2_weight"] = (dt, list(dn.shape),
+                                                                 np.ascontiguousarray(dn).tobytes())
     return ranks

@@ -50,6 +50,11 @@ MODELS = {
     "mm-e": {"multimodal": True, "seed": 6},
     "dense": {"heads": 8, "kv_heads": 4, "global_kv_heads": 2, "ple": 0, "kv_shared": 0,
               "double_wide": False, "tied": False, "vocab": 320, "seed": 2},
+    # the 26B-A4B style: a router and 4 experts beside every layer's dense MLP
+    "moe": {"heads": 8, "kv_heads": 4, "global_kv_heads": 2, "ple": 0, "kv_shared": 0,
+            "double_wide": False, "vocab": 256, "experts": 4, "moe_inter": 32, "seed": 7},
+    "mm-moe": {"multimodal": True, "ple": 0, "kv_shared": 0, "double_wide": False,
+               "experts": 4, "moe_inter": 32, "seed": 8},
 }
 
 
@@ -258,16 +263,18 @@ def main():
                     base="e", k_eq_v=False, global_kv_heads=2, seed=4)
     refused("v_proj on a k_eq_v layer", m, 2,
             ["model.layers.1.self_attn.v_proj.weight", "k_proj"])
-    m = edit_config("moe", lambda c: c.update(num_experts=4, top_k_experts=2,
-                                              moe_intermediate_size=16, enable_moe_block=True))
-    refused("Gemma 4 experts", m, 2, ["num_experts", "Gemma 4 mixture-of-experts"])
+    # experts that disagree with config.json
+    m = edit_config("moe-count", lambda c: c.update(num_experts=8), base="moe")
+    refused("num_experts disagreeing with the experts' tensors", m, 2,
+            ["model.layers.0.experts.gate_up_proj", "num_experts"])
+    m = edit_config("moe-inter", lambda c: c.update(moe_intermediate_size=48), base="moe")
+    refused("moe_intermediate_size disagreeing with the experts' tensors", m, 2,
+            ["model.layers.0.experts.", "moe_intermediate_size"])
+    refused("moe_intermediate_size 32 at tp 64", model("moe"), 64, ["moe_intermediate_size"])
     m = edit_config("mm-audio", lambda c: c.update(audio_config={"model_type": "gemma4_audio"}),
                     base="mm-e")
     refused("a multimodal checkpoint with an audio tower", m, 2, ["audio_config", "audio tower"])
-    m = edit_config("mm-moe", lambda c: c["text_config"].update(num_experts=4, top_k_experts=2,
-                                                                moe_intermediate_size=16),
-                    base="mm-e")
-    refused("multimodal Gemma 4 experts", m, 2, ["num_experts", "Gemma 4 mixture-of-experts"])
+
     # SGLang 0.5.23 cannot build a Gemma 4 whose layers differ (every real one)
     out = os.path.join(TMP, "r-sglang")
     rc, so, se = tps("split", model("e"), "--tp", 2, "--layout", "sglang", "-o", out)
