@@ -874,12 +874,19 @@ typedef struct {
     /* packed methods: the quantized weight's name (".qweight"), NULL for
      * X.weight; the weight codes' bits come from the config (q->bits) */
     const char *weight_suffix;
+    /* methods whose tensors are not X.weight beside its parts (MXFP4's
+     * X_blocks, X_scales): checks them all and counts q->nquant, in place
+     * of the part table */
+    tps_err (*bind)(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q);
 } tps_qmethod;
 
 extern const tps_qmethod *const tps_qmethods[];
 extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
 extern const tps_qmethod tps_qm_gptq;                /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_mxfp4;               /* lib/quant/mxfp4.c */
+/* One MXFP4 value: e2m1 code (low 4 bits) x 2^(e8m0 scale - 127). */
+float tps_mxfp4_value(unsigned code, unsigned scale);
 
 struct tps_quant {
     const tps_qmethod *m;
