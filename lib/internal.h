@@ -885,8 +885,6 @@ extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
 extern const tps_qmethod tps_qm_gptq;                /* lib/quant/gptq.c */
 extern const tps_qmethod tps_qm_mxfp4;               /* lib/quant/mxfp4.c */
-/* One MXFP4 value: e2m1 code (low 4 bits) x 2^(e8m0 scale - 127). */
-float tps_mxfp4_value(unsigned code, unsigned scale);
 
 struct tps_quant {
     const tps_qmethod *m;

@@ -15,8 +15,7 @@
  *
  * What this entry holds: the config reader, the shape rules every blocks
  * and scales pair must meet against config.json (a mismatch is an error
- * naming the tensor and the field), the decoding of one value, and the MoE
- * backends' round-ups of vLLM's MXFP4 expert parameters. The tensors keep
+ * naming the tensor and the field), and the MoE backends' round-ups of vLLM's MXFP4 expert parameters. The tensors keep
  * the plain role: the DTensor layout replicates them whole (transformers'
  * GptOss TP plan leaves the experts out), and no serving layout writes
  * them yet. */
@@ -158,15 +157,6 @@ static tps_err mxfp4_bind(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
         if (blocks) q->nquant++;
     }
     return TPS_OK;
-}
-
-float tps_mxfp4_value(unsigned code, unsigned scale)
-{
-    static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    float v = e2m1[code & 7u];
-    if (scale == 255) return NAN; /* E8M0's one NaN */
-    v = ldexpf(v, (int)scale - 127);
-    return code & 8u ? -v : v;
 }
 
 /* vLLM 0.33 layers/fused_moe/oracle/mxfp4.py
