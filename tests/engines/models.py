@@ -24,6 +24,7 @@ TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "tests", "py"))
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle  # noqa: E402
+import gptoss_oracle  # noqa: E402
 import quant_oracle  # noqa: E402
 import serving_oracle  # noqa: E402
 
@@ -201,6 +202,8 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
     return quant_oracle.write_model(out, config, tensors)
 
 
+GPT_OSS = dict(hidden=64, heads=4, kv_heads=4, head_dim=64, experts=4, vocab=100)
+
 QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter=256,
                  vocab=300, layers=2)
 
@@ -244,6 +247,12 @@ MODELS = {
                                             vocab=256), "ct-channel", _router,
                                        scale_dtype="BF16"),
     "deepseek_v3-fp8-block": fp8_of(deepseek_v3, "block", _router),
+    # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
+    # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
+    # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven
+    # (tp 2: 96 + 64 rows; tp 4: 64, 64, 32, 0) and its round-up pads (cpu backend: x32).
+    "gpt_oss": _fam(gptoss_oracle.checkpoint, quant="bf16", inter=128, **GPT_OSS),
+    "gpt_oss-mxfp4": _fam(gptoss_oracle.checkpoint, quant="mxfp4", inter=160, **GPT_OSS),
 }
 
 
