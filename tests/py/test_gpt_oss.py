@@ -10,7 +10,8 @@ which shares no code with tpshard:
     blocks of another dtype, quant_method mxfp4 on another family, a hidden
     size off the MXFP4 block: exit 1 naming the tensor or the field, nothing
     written;
-  - the serving layouts refuse gpt-oss saying why, writing nothing;
+  - the serving layouts refuse gpt-oss saying why, writing nothing, vLLM's
+    head and intermediate divisibility rules first;
   - --moe-backend: every vLLM backend name with the round-up the oracle's
     table gives (plan's quantization line), an unknown name a usage error
     (exit 2), a note where the option is ignored.
@@ -175,6 +176,17 @@ for quant in ("bf16", "mxfp4"):
             probs.append(f"the reason does not name {word}")
         report(not probs, f"{quant} --layout {layout}: refused saying why, nothing written",
                "\n".join(probs) + "\n" + se)
+
+# vLLM's own divisibility rules come before the refusal, so the error names the field at fault.
+odd = go.checkpoint(os.path.join(TMP, "heads6"), "mxfp4", heads=6, kv_heads=6, inter=64)
+for tp, field, why in ((4, "num_attention_heads", "sinks"), (3, "intermediate_size", "MLPBlock")):
+    out = os.path.join(TMP, f"heads6-vllm-tp{tp}")
+    rc, so, se = tps("split", odd, "--tp", tp, "--layout", "vllm", "-o", out)
+    probs = ranktest.refusal_problems(rc, se, out, field, f"{field} % tp (vLLM's {why})")
+    if why not in se:
+        probs.append(f"the reason does not say {why}")
+    report(not probs, f"--layout vllm tp {tp}, {field} not divisible: refused naming it ({why})",
+           "\n".join(probs) + "\n" + se)
 
 # ------------------------------------------------------------------ --moe-backend
 
