@@ -213,6 +213,14 @@ void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck)
         mxfp4_line(&q);
         return;
     }
+    if (q.bits) {
+        printf("quantization: %s, %d-bit codes packed in words, group_size %lld: %zu quantized "
+               "linears with their scales and zero points (%zu grouped, %zu of one group); "
+               "layout vllm writes them as vLLM loads them, dtensor and sglang refuse them\n",
+               q.method, q.bits, (long long)q.group_size, q.weights, q.group_scales,
+               q.channel_scales);
+        return;
+    }
     printf("quantization: %s", q.method);
     if (q.block_rows)
         printf(", blocks of %llu x %llu", (unsigned long long)q.block_rows,

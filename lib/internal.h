@@ -27,6 +27,9 @@ tps_err tps_fail(tps_ctx *ctx, tps_err code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void tps_log(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The same, of any length (a line naming many tensors). */
+void tps_log_long(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 int tps_threads(const tps_ctx *ctx);
 
 #define TPS_TRY(expr)                 \
@@ -327,7 +330,17 @@ typedef struct {
      * undo it. rep_n 0: none */
     uint16_t rep_n, rep_k;
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
-    uint32_t xskip, xout;
+    union {
+        struct {
+            uint32_t xskip, xout; /* refined (rep_n) */
+        };
+        /* not refined: 0, or its bytes lie in runs of `run` bytes, `stride`
+         * apart in the file from off on (a piece concatenated along its
+         * rank tensor's last dim: vLLM's fused GPTQ qweight) */
+        struct {
+            uint32_t run, stride;
+        };
+    };
 } tps_piece;
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
@@ -336,6 +349,7 @@ typedef enum { TPS_FILL_SOURCE = 0, TPS_FILL_ZEROS, TPS_FILL_VALUE } tps_fill_ki
 typedef struct {
     tps_fill_kind kind;
     uint64_t at, nbytes;
+    uint64_t run, stride; /* 0, or its bytes are runs of `run`, `stride` apart from at on */
     const char *source; /* SOURCE: the source tensor */
     double value;       /* VALUE */
 } tps_fill;
@@ -780,6 +794,12 @@ typedef struct tps_lspec {
     int refine_moe_blocks; /* scales: refine_expert_blocks: the engine refines FP8 expert blocks */
     unsigned refuse_scales; /* bit per tps_qscale kind the engine cannot load from files */
     char *refuse_scales_reason;
+    /* scales: packed: the packed methods (quant_method names) the engine
+     * loads from files as their checkpoints store them; packed_reason: why
+     * it loads none (kernel-repacked weights) */
+    char **packed_methods;
+    size_t npacked_methods;
+    char *packed_reason;
     tps_ldrop *drops;
     size_t ndrops;
     tps_lkey *keys;   /* given (has_keys): a tensor no rule places and no key names is refused */
@@ -821,7 +841,8 @@ typedef enum {
     TPS_QR_SCALE,
     TPS_QR_INPUT_SCALE,
     TPS_QR_ZEROS,
-    TPS_QR_UNUSED
+    TPS_QR_UNUSED,
+    TPS_QR_SHAPE  /* compressed-tensors' weight_shape: the weight's [out, in], I64 */
 } tps_qrole;
 
 typedef struct tps_quant tps_quant;
@@ -843,6 +864,10 @@ typedef struct {
     int in_by;        /* 0: in / 1, 1: in / group, 2: in / pack factor */
     int out_packed;
     const char *why;  /* UNUSED: why no engine loads it */
+    int optional;     /* packed: absent when the config says so (zero points of
+                       * symmetric codes: q->asym 0) */
+    int per_tensor;   /* packed SCALE / INPUT_SCALE: one F32 value ([] or [1]), a
+                       * slot per fused part in the engine (NVFP4's global scales) */
 } tps_qpart;
 
 /* One weight's scales as a dequantize kernel reads them, in f32: the
@@ -874,6 +899,25 @@ typedef struct {
     /* packed methods: the quantized weight's name (".qweight"), NULL for
      * X.weight; the weight codes' bits come from the config (q->bits) */
     const char *weight_suffix;
+    /* packed methods: the parts store [in, out] (GPTQ, AWQ: 1) or [out, in]
+     * (compressed-tensors, NVFP4: 0), in the part table's units */
+    int transposed;
+    /* packed methods: the grouped scales are in the model's dtype, as the
+     * engine creates them (1), or in a dtype of their own (NVFP4's F8_E4M3) */
+    int scales_model_dtype;
+    /* entries sharing a name (compressed-tensors, modelopt): the config field
+     * that tells them apart ("format", "quant_algo") and the values this one
+     * reads, space separated, "-" for the field absent; NULL: any */
+    const char *select;
+    const char *formats;
+    /* the quantization_config list naming the quantized modules that a
+     * serving layout's config.json must carry ("modules_in_block_to_quantize"),
+     * or NULL: vLLM 0.33 derives it from the files' dtypes, and in rank
+     * files the fused modules' parts are not there to find */
+    const char *module_list;
+    /* what vLLM's loader refuses of a row-parallel cut with one group
+     * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
+    const char *channel_rowwise_refusal;
     /* methods whose tensors are not X.weight beside its parts (MXFP4's
      * X_blocks, X_scales): checks them all and counts q->nquant, in place
      * of the part table */
@@ -883,7 +927,8 @@ typedef struct {
 extern const tps_qmethod *const tps_qmethods[];
 extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
-extern const tps_qmethod tps_qm_gptq;                /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_gptq, tps_qm_awq, tps_qm_ct_wna16; /* lib/quant/gptq.c */
+extern const tps_qmethod tps_qm_nvfp4, tps_qm_ct_nvfp4; /* lib/quant/nvfp4.c */
 extern const tps_qmethod tps_qm_mxfp4;               /* lib/quant/mxfp4.c */
 
 struct tps_quant {
@@ -896,9 +941,12 @@ struct tps_quant {
     tps_qscale *kind;        /* SCALE: per tensor, channel or block */
     int *zeros;              /* WEIGHT of a packed method: its zero points, or -1 */
     size_t nquant;           /* quantized weights */
-    /* packed methods: code bits, input features per group (-1: one group) */
+    /* packed methods: code bits, input features per group (-1: one group),
+     * whether the config says its optional parts are stored (zero points of
+     * asymmetric codes, NVFP4 W4A4 input scales) */
     int bits;
     int64_t group;
+    int asym; /* the optional parts are stored */
 };
 
 /* The quantization of ck: NULL (*out) when config.json has none. Refuses
@@ -908,8 +956,15 @@ struct tps_quant {
 tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out);
 void tps_quant_free(tps_quant *q);
 /* Why a packed method's checkpoint (q->m->weight_suffix) cannot be written
- * by a layout (NULL: the DTensor layout); a static buffer of this thread. */
-const char *tps_quant_packed_reason(const tps_quant *q, const char *layout);
+ * by a layout (NULL: the DTensor layout), the layout's reason `why` (or
+ * NULL); a static buffer of this thread. */
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout, const char *why);
+/* The config.json text a serving layout writes for a packed method whose
+ * quantized modules the engine must find by name (q->m->module_list), from
+ * `text` (the config split would write); NULL in *out when none is needed
+ * (the method has none, or the config lists them already). */
+tps_err tps_quant_serving_config(tps_ctx *ctx, const tps_ckpt *ck, const tps_quant *q,
+                                 const char *text, char **out);
 /* [bn, bk] of a config: two positive integers, or an error naming where. */
 tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
                            uint64_t *bn, uint64_t *bk);
@@ -931,13 +986,18 @@ typedef struct {
 typedef enum { TPS_PK_SRC = 0, TPS_PK_ZERO, TPS_PK_CONST } tps_piece_kind;
 
 typedef struct {
-    tps_piece_kind kind;
+    uint8_t kind;    /* tps_piece_kind */
+    uint8_t replica; /* SRC: another piece of the same region is the primary */
     int rank;        /* its rank tensor's */
     size_t region;   /* SRC */
     uint64_t at;     /* byte offset in the rank tensor */
     uint64_t nbytes;
-    int replica;     /* SRC: another piece of the same region is the primary */
     uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid) */
+    /* SRC, ZERO: 0, or the piece is concatenated along the rank tensor's
+     * last dim with others: its bytes are runs of `run` bytes, one per step
+     * of the dims before it, tps_rt_stride(rank tensor) bytes apart from
+     * `at` on (vLLM's fused GPTQ qweight: [in / 8, q | k | v]) */
+    uint32_t run;
     double value;    /* CONST: every element, in the rank tensor's dtype */
 } tps_lpiece;
 
@@ -960,6 +1020,15 @@ typedef struct {
     size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
 } tps_rtensor;   /* 64 bytes: 151k of them for an MoE of 18,867 tensors at tp 8 */
+
+/* Bytes from one step of a rank tensor's dims before its last to the next:
+ * how far apart a strided piece's runs lie. */
+static inline uint64_t tps_rt_stride(const tps_rtensor *r)
+{
+    uint64_t outer = 1;
+    for (int d = 0; d + 1 < r->ndim; d++) outer *= r->shape[d];
+    return outer ? r->nbytes / outer : 0;
+}
 
 struct tps_layout {
     const tps_ckpt *ck;

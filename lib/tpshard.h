@@ -159,6 +159,12 @@ typedef struct {
     uint64_t block_rows, block_cols; /* 0: no blocks */
     size_t weights;           /* quantized (FP8) weights */
     size_t block_scales, channel_scales, tensor_scales, input_scales;
+    /* packed integer methods (GPTQ, AWQ): code bits, input features per
+     * group (-1: one group), 0 bits otherwise; group_scales counts their
+     * grouped scales (channel_scales the one-group ones) */
+    int bits;
+    int64_t group_size;
+    size_t group_scales;
 } tps_quant_view;
 
 /* The quantization of ck's tensors, as split reads it: every FP8 weight, its

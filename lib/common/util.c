@@ -103,6 +103,18 @@ void tps_log(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
     ctx->log(ctx->log_user, lvl, buf);
 }
 
+void tps_log_long(tps_ctx *ctx, tps_log_level lvl, const char *fmt, ...)
+{
+    if (!ctx || !ctx->log) return;
+    char *buf = NULL;
+    va_list ap;
+    va_start(ap, fmt);
+    if (vasprintf(&buf, fmt, ap) < 0) buf = NULL;
+    va_end(ap);
+    if (buf) ctx->log(ctx->log_user, lvl, buf);
+    free(buf);
+}
+
 void *tps_xmalloc(size_t n) { return malloc(n ? n : 1); }
 void *tps_xcalloc(size_t n, size_t m) { return calloc(n ? n : 1, m ? m : 1); }
 

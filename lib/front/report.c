@@ -233,6 +233,12 @@ static void json_quant(jw *w, tps_ctx *ctx, const tps_ckpt *ck)
     jw_kuint(w, "tensor", q.tensor_scales);
     jw_end(w);
     jw_kuint(w, "input_scales", q.input_scales);
+    jw_key(w, "bits");
+    if (q.bits) jw_uint(w, (uint64_t)q.bits);
+    else jw_null(w);
+    jw_key(w, "group_size");
+    if (q.bits) jw_int(w, q.group_size);
+    else jw_null(w);
     jw_end(w);
 }
 

@@ -106,7 +106,19 @@ static void head_shape(const tps_layout *L, const tps_layers *ly, size_t i, cons
     if (cnt < 0 || hd < 0 || tps_mul_ovf((uint64_t)cnt, (uint64_t)hd, &want)) return;
     hs->tensors++;
     if (layer != hs->last_layer) hs->layers_seen++, hs->last_layer = layer;
-    if (t->shape[d] == want) return;
+    uint64_t n = t->shape[d];
+    const tps_quant *q = L->q;
+    if (q && q->m->weight_suffix && q->role[i] == TPS_QR_WEIGHT) {
+        /* a packed weight (NVFP4's X.weight): features, not words, along d */
+        int in_axis = q->m->transposed ? 0 : 1;
+        for (size_t j = 0; j < q->m->nparts; j++) {
+            const tps_qpart *p = &q->m->parts[j];
+            if (p->role != TPS_QR_WEIGHT) continue;
+            uint64_t pf = (uint64_t)tps_dtype_bits(t->dtype) / (uint64_t)q->bits;
+            if ((d == in_axis && p->in_by == 2) || (d != in_axis && p->out_packed)) n *= pf;
+        }
+    }
+    if (n == want) return;
     const char *type = tps_layers_type(ly, layer);
     char tb[96] = "", fb[224] = "";
     if (type) snprintf(tb, sizeof tb, " (%.80s)", type);
@@ -405,6 +417,8 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
      * the engines build their parameters from the same config. */
     int any_heads = 0;
     for (size_t i = 0; i < plan->nrules; i++) any_heads |= plan->rules[i].heads != NULL;
+    /* the quantization first: a packed weight's dims are words of features */
+    TPS_CHECK(tps_quant_open(ctx, ck, &L->q));
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         tps_place *pl = &L->p[i];
@@ -426,7 +440,6 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
         if (!L->rejected && L->checks[L->nchecks - 1].ok == 0)
             L->rejected = tps_asprintf("head shapes: %s", L->checks[L->nchecks - 1].detail);
     }
-    TPS_CHECK(tps_quant_open(ctx, ck, &L->q));
     TPS_CHECK(tps_layout_compile(ctx, L));
 out:
     free(hs.bad);

@@ -126,7 +126,8 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
  * (nbytes its grid's), else NULL (nbytes the region's, widened when r's
  * dtype is not src's: a scale the engine holds in F32, 4 bytes an element). */
 static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
-                             uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
+                             uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes,
+                             uint64_t run)
 {
     tps_layout *L = C->L;
     /* Refined pieces of one scale overlap (ranks share a block row): each
@@ -163,22 +164,34 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
         nbytes = L->regions[g].nbytes;
         if (r->dtype != sd) nbytes = nbytes / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
     }
+    if (run && (run > UINT32_MAX || nbytes % run || r->dtype != C->ck->t[src].dtype))
+        return tps_fail(C->ctx, TPS_E_SHAPE,
+                        "%s: rank %d's tensor '%s': a strided piece of '%s' must be whole runs "
+                        "of under 4 GiB, in its own dtype",
+                        C->ck->path, r->rank, r->name, C->ck->t[src].name);
     return tps_lc_add_piece(C, r,
                             (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
                                          .nbytes = nbytes,
-                                         .replica = !fresh || (x && hi <= covered), .xf = xf});
+                                         .replica = !fresh || (x && hi <= covered), .xf = xf,
+                                         .run = (uint32_t)run});
 }
 
 tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
                          uint64_t at)
 {
-    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0);
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, 0);
 }
 
 tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                            uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes)
 {
-    return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes);
+    return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes, 0);
+}
+
+tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                             uint64_t hi, uint64_t at, uint64_t run)
+{
+    return add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, run);
 }
 
 char *tps_lc_own_name(cstate *C, char *s)
@@ -303,27 +316,38 @@ void tps_lc_enable_hint(char *buf, size_t len, const tps_cond *c)
 
 /* The split a serving layout gives a source tensor; a refusal's reason in
  * *why. */
+int tps_lc_spec_rule(const tps_layout *L, const char *name, tps_split_kind *k, const char **why)
+{
+    const tps_lspec *s = L->spec;
+    const char *param = tps_lc_param_of(name);
+    size_t ml;
+    if (why) *why = NULL;
+    if (tps_lc_module_of(name, &ml))
+        for (size_t q = 0; q < s->nrules; q++) {
+            const tps_lrule *r = &s->rules[q];
+            if (r->param && strcmp(r->param, param)) continue;
+            for (size_t j = 0; j < r->npat; j++) {
+                if (!tps_module_match(r->patterns[j], name, ml)) continue;
+                if (r->when && !tps_cond_eval(r->when, L->ck->config)) break;
+                if (r->refuse) {
+                    if (why) *why = r->refuse;
+                    *k = TPS_SPLIT_REFUSE;
+                    return 1;
+                }
+                *k = r->split;
+                return 1;
+            }
+        }
+    return 0;
+}
+
 tps_split_kind tps_lc_spec_split(const tps_layout *L, size_t i, const char **why)
 {
     const tps_lspec *s = L->spec;
     const tps_ctensor *t = &L->ck->t[i];
     const char *param = tps_lc_param_of(t->name);
-    size_t ml;
-    if (why) *why = NULL;
-    if (tps_lc_module_of(t->name, &ml))
-        for (size_t k = 0; k < s->nrules; k++) {
-            const tps_lrule *r = &s->rules[k];
-            if (r->param && strcmp(r->param, param)) continue;
-            for (size_t j = 0; j < r->npat; j++) {
-                if (!tps_module_match(r->patterns[j], t->name, ml)) continue;
-                if (r->when && !tps_cond_eval(r->when, L->ck->config)) break;
-                if (r->refuse) {
-                    if (why) *why = r->refuse;
-                    return TPS_SPLIT_REFUSE;
-                }
-                return r->split;
-            }
-        }
+    tps_split_kind rk;
+    if (tps_lc_spec_rule(L, t->name, &rk, why)) return rk;
     if (!strcmp(param, "weight") && tps_lc_matches_any(s->vocab, s->nvocab, t->name))
         return TPS_SPLIT_VOCAB;
     switch (L->p[i].style) {
@@ -452,8 +476,14 @@ static tps_err check_quant_served(cstate *C)
     const tps_lspec *s = L->spec;
     const tps_ckpt *ck = C->ck;
     char detail[512];
-    if (L->q && L->q->m->weight_suffix) { /* packed codes: no layout writes them yet */
-        snprintf(detail, sizeof detail, "%s", tps_quant_packed_reason(L->q, s ? s->name : NULL));
+    if (L->q && L->q->m->weight_suffix) { /* packed codes: the layouts that load them */
+        int served = 0;
+        for (size_t k = 0; s && k < s->npacked_methods; k++)
+            served |= !strcmp(s->packed_methods[k], L->q->m->name);
+        if (served)
+            return tps_lc_add_check(C, "quantization served", 1, L->q->m->what);
+        snprintf(detail, sizeof detail, "%s", tps_quant_packed_reason(L->q, s ? s->name : NULL,
+                                                                      s ? s->packed_reason : NULL));
         TPS_TRY(tps_lc_add_check(C, "quantization served", 0, detail));
         refuse(C, "%s", detail);
         return TPS_OK;
@@ -641,6 +671,8 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     TPS_CHECK(tps_lc_drop(&C));
     if (C.why[0]) goto out;
     if (s) {
+        TPS_CHECK(tps_lc_compile_packed(&C));
+        if (C.why[0]) goto out;
         TPS_CHECK(tps_lc_compile_experts(&C));
         if (C.why[0]) goto out;
         TPS_CHECK(tps_lc_compile_fused(&C));

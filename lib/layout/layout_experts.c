@@ -36,6 +36,19 @@ static int expert_name(const tps_lexperts *x, const char *nm, size_t *mlen, uint
     return 1;
 }
 
+int tps_lc_is_expert(const cstate *C, const char *name)
+{
+    const tps_lspec *s = C->L->spec;
+    size_t ml, ll;
+    uint64_t e;
+    const char *leaf;
+    for (size_t xi = 0; s && xi < s->nexperts; xi++)
+        if (tps_lc_type_listed(s->experts[xi].model_types, s->experts[xi].nmt, C->ck->config) &&
+            expert_name(&s->experts[xi], name, &ml, &e, &leaf, &ll))
+            return 1;
+    return 0;
+}
+
 /* Every tensor under the module must be a stacked expert weight (of an
  * expert below E, plain, of a part the layout knows): 0 and a refusal when
  * one is not. */
@@ -309,6 +322,8 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
                (unsigned long long)E);
         return TPS_OK;
     }
+    if (C->L->q && C->L->q->m->weight_suffix) /* packed codes: their own stacks */
+        return tps_lc_packed_experts(C, x, module, E);
     if (!expert_tensors_ok(C, x, module, a, b, E)) return TPS_OK;
     /* Each expert's parts, with one shape: rows stacks [I, H], columns [H, I]. */
     size_t nidx = 0;

@@ -81,6 +81,10 @@ tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_
 /* The same, refined by x (a scale on vLLM's refined grid): nbytes stored. */
 tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                            uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes);
+/* The same, strided: its bytes in runs of `run` bytes, the rank tensor's
+ * last-dim stride apart (a part concatenated along the last dim). */
+tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                             uint64_t hi, uint64_t at, uint64_t run);
 /* Keeps made-up name s with the layout (NULL, s freed, on failure). */
 char *tps_lc_own_name(cstate *C, char *s);
 /* Rank r's rows of a fused part of n rows: on whole heads, or evenly. */
@@ -98,6 +102,9 @@ int tps_lc_matches_any(char **pats, size_t n, const char *name);
 int tps_lc_type_listed(char **types, size_t n, const cJSON *config);
 /* Appends the config.json setting that makes condition c hold to buf. */
 void tps_lc_enable_hint(char *buf, size_t len, const tps_cond *c);
+/* A layout file's override for a tensor named so: 1 and its split in *k
+ * (a refusal's reason in *why), or 0 when none matches. */
+int tps_lc_spec_rule(const tps_layout *L, const char *name, tps_split_kind *k, const char **why);
 /* The split a serving layout gives source tensor i; a refusal's reason in *why. */
 tps_split_kind tps_lc_spec_split(const tps_layout *L, size_t i, const char **why);
 /* Source tensor i under name on every rank, split as k says. */
@@ -110,6 +117,8 @@ int tps_lc_packed_fit(cstate *C);
 tps_err tps_lc_compile_fused(cstate *C);
 
 /* layout_experts.c */
+/* Is name a tensor of an expert the layout's experts entries stack? */
+int tps_lc_is_expert(const cstate *C, const char *name);
 int tps_lc_ep_served(cstate *C); /* --ep: 0 and a refusal for the DTensor layout */
 tps_err tps_lc_compile_experts(cstate *C);
 
@@ -143,6 +152,18 @@ tps_err tps_lc_place_extras(cstate *C, const tps_lfuse *f, const char *parent);
 tps_err tps_lc_drop(cstate *C); /* what the engine's load_weights skips */
 /* 1 and a refusal when the engine's key set lacks source tensor i. */
 int tps_lc_unkeyed(cstate *C, size_t i, int emb);
+/* Does the layout's key set (none listed: any) name parameter `name`? */
+int tps_lc_engine_key(const cstate *C, const char *name);
+/* The dtype the engine serves the model in, and creates its parameters in. */
+tps_dtype tps_lc_serving_dtype(const cJSON *config);
+
+/* layout_packed.c */
+/* Packed integer methods (GPTQ, AWQ): every quantized linear's tensors,
+ * fused and cut as the engine loads them. */
+tps_err tps_lc_compile_packed(cstate *C);
+/* The E experts of module (layout experts entry x) of a packed method:
+ * each stack's every part stacked [E, ...] as the engine's fused MoE holds it. */
+tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E);
 
 /* layout_pp.c */
 /* L's stages: pp and the partition (layers, or the engine's), checked. */

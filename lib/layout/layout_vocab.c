@@ -132,7 +132,7 @@ static int extra_applies(const cstate *C, const tps_lextra *x)
 /* The dtype an engine serves the model in (dtype "auto"): config.json's
  * torch_dtype (or dtype, or text_config's), float32 served as BF16, BF16 when
  * none is given. Its scalar parameters are created in it. */
-static tps_dtype serving_dtype(const cJSON *config)
+tps_dtype tps_lc_serving_dtype(const cJSON *config)
 {
     const cJSON *v = tps_config_get(config, "torch_dtype");
     if (!cJSON_IsString(v)) v = tps_config_get(config, "dtype");
@@ -150,7 +150,7 @@ tps_err tps_lc_place_extras(cstate *C, const tps_lfuse *f, const char *parent)
         char *xn = tps_lc_own_name(C, tps_asprintf("%s.%s", parent, x->name));
         if (!xn) return nomem(C);
         uint64_t xs[TPS_MAX_DIMS] = {x->len};
-        tps_dtype xd = x->model_dtype ? serving_dtype(ck->config) : x->dtype;
+        tps_dtype xd = x->model_dtype ? tps_lc_serving_dtype(ck->config) : x->dtype;
         for (int r = 0; r < C->tp; r++) {
             tps_rtensor *rt;
             TPS_TRY(tps_lc_new_rt(C, xn, r, xd, x->ndim, xs, NULL, &rt));
@@ -234,6 +234,12 @@ static int engine_key(const tps_lspec *s, const cJSON *config, const char *name)
             if (tps_module_match(e->patterns[j], name, ml)) return 1;
     }
     return 0;
+}
+
+int tps_lc_engine_key(const cstate *C, const char *name)
+{
+    const tps_lspec *s = C->L->spec;
+    return !s->has_keys || engine_key(s, C->ck->config, name);
 }
 
 /* The config settings under which a keys entry would name the bias

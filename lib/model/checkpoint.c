@@ -417,6 +417,19 @@ tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
 {
     const tps_cfile *f = &ck->files[p->file];
     if (p->rep_n) return read_refined(ctx, ck, t, p, off, buf, len);
+    if (p->run) {
+        /* runs `stride` apart in the file (concatenated along the last dim) */
+        char *out = buf;
+        while (len) {
+            uint64_t k = off / p->run, w = off % p->run;
+            size_t n = (size_t)(p->run - w < len ? p->run - w : len);
+            TPS_TRY(tps_pread_full(ctx, f->fd, f->path, out, n, p->off + k * p->stride + w));
+            out += n;
+            off += n;
+            len -= n;
+        }
+        return TPS_OK;
+    }
     if (p->stored == t->dtype || p->fbytes == p->nbytes || p->stored != TPS_F32)
         return tps_pread_full(ctx, f->fd, f->path, buf, len, p->off + off);
     /* Widened to F32: read whole elements, narrow them back exactly. */
@@ -532,7 +545,9 @@ uint64_t tps_ckpt_run(const tps_ckpt *ck, size_t i, uint64_t off, int *file, uin
     uint64_t poff, run;
     if (t->npieces == 0 || off >= t->nbytes) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || t->pieces[p].fbytes != t->pieces[p].nbytes) return 0;
+    if (p < 0 || t->pieces[p].fbytes != t->pieces[p].nbytes ||
+        (!t->pieces[p].rep_n && t->pieces[p].run))
+        return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;
     return run;
@@ -545,7 +560,8 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
     uint64_t poff, run;
     if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].rep_n)
+    if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].rep_n ||
+        t->pieces[p].run)
         return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;

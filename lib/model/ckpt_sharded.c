@@ -81,7 +81,15 @@ static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
                             "say so",
                             mpath, t->name, t->derived_from);
     }
-    if (!u) return TPS_OK;
+    if (!u) {
+        /* a config.json rewritten for the engine: merge gives back the source's */
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(ck->manifest, "source_config");
+        if (sc && !cJSON_IsString(sc))
+            return tps_fail(ctx, TPS_E_JSON, "%s: source_config must be a string", mpath);
+        if (sc && !(ck->untie_config = tps_strdup(sc->valuestring)))
+            return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        return TPS_OK;
+    }
     int hi = tps_ckpt_find(ck, h->valuestring), ei = tps_ckpt_find(ck, e->valuestring);
     if (hi < 0 || ei < 0 || !ck->t[hi].derived_from)
         return tps_fail(ctx, TPS_E_JSON,
@@ -596,9 +604,15 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                     mpath, t->name);
         xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3]};
     }
-    uint64_t lshape[TPS_MAX_DIMS], at = 0;
+    uint64_t lshape[TPS_MAX_DIMS], at = 0, run = 0, stride = 0;
     int lnd = 0;
     uint64_t lo = 0;
+    const cJSON *runj = cJSON_GetObjectItemCaseSensitive(r, "run");
+    const cJSON *strj = cJSON_GetObjectItemCaseSensitive(r, "stride");
+    TPS_FAIL_IF((runj || strj) && (!v2 || rf || !json_u64(runj, &run) || !json_u64(strj, &stride) ||
+                                   !run || run > stride || stride > 0xFFFFFFFFu),
+                ctx, TPS_E_JSON, "%s: tensor '%s': malformed run and stride of a ranks[] entry",
+                mpath, t->name);
     TPS_FAIL_IF(!cJSON_IsNumber(rr) || rr->valueint < 0 || rr->valueint >= ck->nranks ||
                     !cJSON_IsString(fn) ||
                     !json_shape(cJSON_GetObjectItemCaseSensitive(r, "shape"), lshape, &lnd) ||
@@ -669,6 +683,14 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                     "%s: tensor '%s' has a shape other than the manifest's for rank %d",
                     ck->files[fi].path, t->name, rank);
     }
+    if (run) {
+        /* runs of `run` bytes, stride apart: the last one's end must fit */
+        TPS_FAIL_IF(stored != t->dtype || pbytes % run, ctx, TPS_E_MISMATCH,
+                    "%s: tensor '%s': rank %d's strided piece of %llu bytes is not whole runs "
+                    "of %llu bytes", mpath, t->name, rank, (unsigned long long)pbytes,
+                    (unsigned long long)run);
+        if (pbytes) pbytes = (pbytes / run - 1) * stride + run;
+    }
     TPS_FAIL_IF(ovf || mis || at > si->end - si->begin || pbytes > si->end - si->begin - at,
                 ctx, TPS_E_MISMATCH,
                 "%s: tensor '%s': rank %d's piece of %llu bytes at %llu does not fit in "
@@ -681,12 +703,17 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     pc->rank = rank;
     pc->off = st->data_start + si->begin + at;
     pc->nbytes = lbytes;
-    pc->fbytes = pbytes;
+    pc->fbytes = run ? lbytes : pbytes;
     pc->stored = stored;
     pc->rep_n = (uint16_t)xf.rep_n;
     pc->rep_k = (uint16_t)xf.rep_k;
-    pc->xskip = (uint32_t)xf.skip;
-    pc->xout = (uint32_t)xf.out;
+    if (xf.rep_n) {
+        pc->xskip = (uint32_t)xf.skip;
+        pc->xout = (uint32_t)xf.out;
+    } else {
+        pc->run = (uint32_t)run;
+        pc->stride = (uint32_t)stride;
+    }
     pc->lo = lo;
     pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
     pc->holder = holder;
@@ -878,6 +905,12 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
         TPS_FAIL_IF(!json_u64(cJSON_GetObjectItemCaseSensitive(p, "at"), &fl->at) ||
                         !json_u64(cJSON_GetObjectItemCaseSensitive(p, "nbytes"), &fl->nbytes),
                     ctx, TPS_E_JSON, "%s: rank tensor '%s': malformed piece", mpath, rt->name);
+        const cJSON *runj = cJSON_GetObjectItemCaseSensitive(p, "run");
+        const cJSON *strj = cJSON_GetObjectItemCaseSensitive(p, "stride");
+        TPS_FAIL_IF((runj || strj) && (!json_u64(runj, &fl->run) || !json_u64(strj, &fl->stride) ||
+                                       !fl->run || fl->run > fl->stride || fl->nbytes % fl->run),
+                    ctx, TPS_E_JSON, "%s: rank tensor '%s': malformed run and stride of a piece",
+                    mpath, rt->name);
         if (cJSON_IsString(sj)) {
             fl->kind = TPS_FILL_SOURCE;
             fl->source = ck_keep(ck, sj->valuestring);

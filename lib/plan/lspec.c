@@ -361,14 +361,19 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     return TPS_OK;
 }
 
-/* scales: {dtype, per_tensor_shape, refuse, reason, refine_expert_blocks}: how the engine wants a
+/* scales: {dtype, per_tensor_shape, refuse, reason, refine_expert_blocks, packed,
+ * packed_reason}: how the engine wants a
  * quantized checkpoint's scales written, and the kinds it cannot load. */
 static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
 {
     static const char *const qknown[] = {"dtype", "per_tensor_shape", "refuse", "reason",
-                                         "refine_expert_blocks"};
-    const ynode *qv[5];
-    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 5, qv));
+                                         "refine_expert_blocks", "packed", "packed_reason"};
+    const ynode *qv[7];
+    TPS_TRY(tps_pl_map_fields(pc, m, "scales", qknown, 7, qv));
+    if (qv[5])
+        TPS_TRY(tps_pl_get_str_list(pc, qv[5], "packed", NULL, &s->packed_methods,
+                                    &s->npacked_methods));
+    if (qv[6]) TPS_TRY(tps_pl_get_str(pc, qv[6], "packed_reason", &s->packed_reason));
     if (qv[4]) {
         if (qv[4]->type != YN_SCALAR || (strcmp(qv[4]->s, "true") && strcmp(qv[4]->s, "false")))
             return tps_pl_perr(pc, qv[4]->line, "scales: refine_expert_blocks is true or false");
@@ -631,6 +636,8 @@ void tps_lspec_free(tps_lspec *s)
     tps_pl_strv_free(s->pp_last, s->npp_last);
     tps_pl_strv_free(s->pp_every, s->npp_every);
     free(s->refuse_scales_reason);
+    tps_pl_strv_free(s->packed_methods, s->npacked_methods);
+    free(s->packed_reason);
     for (size_t i = 0; i < s->ndrops; i++) {
         tps_pl_strv_free(s->drops[i].contains, s->drops[i].ncontains);
         tps_pl_strv_free(s->drops[i].model_types, s->drops[i].nmt);

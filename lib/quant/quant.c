@@ -20,8 +20,9 @@ static int has_suffix(const char *s, const char *suf, size_t *stem)
     return 1;
 }
 
-const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq,
-                                           &tps_qm_mxfp4};
+const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq, &tps_qm_awq,
+                                            &tps_qm_ct_wna16, &tps_qm_nvfp4, &tps_qm_ct_nvfp4,
+                                            &tps_qm_mxfp4};
 const size_t tps_nqmethods = sizeof tps_qmethods / sizeof tps_qmethods[0];
 const char *const tps_qscale_names[TPS_QS_KINDS] = {"tensor", "channel", "block", "group"};
 const char *const tps_qscale_labels[TPS_QS_KINDS] = {"per-tensor", "per-channel", "block",
@@ -97,9 +98,41 @@ static tps_err method_of(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps_
     if (!cJSON_IsString(m))
         return tps_fail(ctx, TPS_E_CONFIG, "%s: quantization_config has no quant_method", ck->path);
     q->method_name = m->valuestring;
-    for (size_t i = 0; i < tps_nqmethods; i++)
-        if (!strcmp(m->valuestring, tps_qmethods[i]->name)) q->m = tps_qmethods[i];
+    const char *sel_key = NULL, *sel_val = NULL;
+    for (size_t i = 0; i < tps_nqmethods && !q->m; i++) {
+        const tps_qmethod *e = tps_qmethods[i];
+        if (strcmp(m->valuestring, e->name)) continue;
+        if (!e->select) {
+            q->m = e;
+            break;
+        }
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(qc, e->select);
+        const char *val = cJSON_IsString(v) ? v->valuestring : "-";
+        sel_key = e->select;
+        sel_val = val;
+        size_t n = strlen(val);
+        for (const char *f = e->formats; f && *f;) {
+            size_t l = strcspn(f, " ");
+            if (l == n && !strncmp(f, val, n)) q->m = e;
+            f += l + (f[l] == ' ');
+        }
+    }
     if (q->m) return q->m->read_config(ctx, ck, qc, q);
+    if (sel_key) {
+        char known[512];
+        size_t o = 0;
+        known[0] = 0;
+        for (size_t i = 0; i < tps_nqmethods && o < sizeof known; i++)
+            if (!strcmp(m->valuestring, tps_qmethods[i]->name))
+                o += (size_t)snprintf(known + o, sizeof known - o, "%s%s (%s)", o ? "; " : "",
+                                      tps_qmethods[i]->formats, tps_qmethods[i]->what);
+        return tps_fail(ctx, TPS_E_REJECT,
+                        "%s: quant_method '%s' with %s '%s' is not supported yet: tpshard splits "
+                        "%s %s %s",
+                        ck->path, m->valuestring, sel_key,
+                        strcmp(sel_val, "-") ? sel_val : "(none)", sel_key, known,
+                        "(\"-\": the field absent)");
+    }
     char known[512];
     size_t o = 0;
     for (size_t i = 0; i < tps_nqmethods && o < sizeof known; i++)
@@ -189,23 +222,88 @@ static tps_err place_scale(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q, size_
     return TPS_OK;
 }
 
-/* A packed method's part p of weight X (stem) should be [rows, cols]: from
- * the weight's [in, out] as the part table says. */
-static void packed_shape(const tps_quant *q, const tps_qpart *p, uint64_t in, uint64_t out,
-                         uint64_t *rows, uint64_t *cols)
+/* Codes of q->bits a word of dtype d holds. */
+static uint64_t pack_of(const tps_quant *q, tps_dtype d)
 {
-    uint64_t pf = (uint64_t)(32 / q->bits), groups = q->group < 0 ? 1 : in / (uint64_t)q->group;
-    *rows = p->in_by == 0 ? in : p->in_by == 1 ? groups : in / pf;
-    *cols = p->out_packed ? out / pf : out;
+    return (uint64_t)tps_dtype_bits(d) / (uint64_t)q->bits;
 }
 
-/* The parts of a packed method (GPTQ), checked against its config: every
- * X<weight_suffix> needs every part, each of the shape the bits and the
- * group size give; a part without its weight is an error. */
+/* A packed method's part p of a weight of in x out features, its codes pf
+ * to a word, should be [rows, cols]: as the part table says. */
+static void packed_shape(const tps_quant *q, const tps_qpart *p, uint64_t in, uint64_t out,
+                         uint64_t pf, uint64_t *rows, uint64_t *cols)
+{
+    uint64_t groups = q->group < 0 ? 1 : in / (uint64_t)q->group;
+    uint64_t ni = p->in_by == 0 ? in : p->in_by == 1 ? groups : in / pf;
+    uint64_t no = p->out_packed ? out / pf : out;
+    *rows = q->m->transposed ? ni : no;
+    *cols = q->m->transposed ? no : ni;
+}
+
+/* The input and output features a packed weight holds. */
+static void packed_features(const tps_quant *q, const tps_qpart *wp, const tps_ctensor *wt,
+                            uint64_t *in, uint64_t *out)
+{
+    uint64_t pf = pack_of(q, wt->dtype);
+    uint64_t si = wt->shape[q->m->transposed ? 0 : 1], so = wt->shape[q->m->transposed ? 1 : 0];
+    *in = si * (wp->in_by == 2 ? pf : 1);
+    *out = so * (wp->out_packed ? pf : 1);
+}
+
+static const tps_qpart *weight_part(const tps_qmethod *m)
+{
+    for (size_t j = 0; j < m->nparts; j++)
+        if (m->parts[j].role == TPS_QR_WEIGHT) return &m->parts[j];
+    return NULL;
+}
+
+/* Every part method m stores beside weight w (stem: its name's length
+ * without the weight suffix) is there, unless optional and the config says
+ * none (symmetric codes); partner and zeros recorded. */
+static tps_err bind_siblings(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q, size_t w, size_t stem)
+{
+    const tps_qmethod *m = q->m;
+    const char *wn = ck->t[w].name;
+    for (size_t j = 0; j < m->nparts; j++) {
+        const tps_qpart *pj = &m->parts[j];
+        if (pj->role == TPS_QR_WEIGHT) continue;
+        char *pn = tps_asprintf("%.*s%s", (int)stem, wn, pj->suffix);
+        if (!pn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        int k = tps_ckpt_find(ck, pn);
+        tps_err rc = TPS_OK;
+        /* a shard directory's source tensor its layout left out (listed) */
+        int left_out = 0;
+        for (const cJSON *d = ck->dropped ? ck->dropped->child : NULL; d && k < 0 && !left_out;
+             d = d->next) {
+            const cJSON *dn = cJSON_GetObjectItemCaseSensitive(d, "name");
+            left_out = cJSON_IsString(dn) && !strcmp(dn->valuestring, pn);
+        }
+        if (k < 0 && !left_out && pj->role != TPS_QR_UNUSED && (!pj->optional || q->asym))
+            rc = tps_fail(ctx, TPS_E_SHAPE, "%s: quantized weight '%s' has no '%s' beside it%s",
+                          ck->path, wn, pn,
+                          pj->optional ? ": the config says its codes are asymmetric"
+                                       : ": it cannot be dequantized");
+        else if (k >= 0 && pj->optional && !q->asym)
+            rc = tps_fail(ctx, TPS_E_SHAPE,
+                          "%s: tensor '%s': zero points beside codes the config says are "
+                          "symmetric (quantization_config ... symmetric: true)",
+                          ck->path, pn);
+        free(pn);
+        TPS_TRY(rc);
+        if (k >= 0 && pj->role == TPS_QR_SCALE && !pj->per_tensor) q->partner[w] = k;
+        if (k >= 0 && pj->role == TPS_QR_ZEROS) q->zeros[w] = k;
+    }
+    return TPS_OK;
+}
+
+/* The parts of a packed method (GPTQ, AWQ, compressed-tensors, NVFP4),
+ * checked against its config: every X<weight_suffix> needs every part, each
+ * of the shape and dtype the bits and the group size give; a part without
+ * its weight is an error. */
 static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
 {
     const tps_qmethod *m = q->m;
-    uint64_t pf = (uint64_t)(32 / q->bits);
+    const tps_qpart *wp = weight_part(m);
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         size_t stem;
@@ -230,78 +328,83 @@ static tps_err bind_packed(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
         }
         free(wn);
         const tps_ctensor *wt = &ck->t[w];
-        if (wt->ndim != 2 || !m->weight_dtype(wt->dtype))
+        /* a method whose weight is X.weight (NVFP4): the unquantized ones are plain */
+        if (p->role == TPS_QR_WEIGHT && !m->weight_dtype(t->dtype) && !strcmp(p->suffix, ".weight"))
+            continue;
+        if (wt->ndim != 2 || !m->weight_dtype(wt->dtype)) {
+            const char *form = m->transposed ? (wp->in_by == 2 ? "[in / %llu, out]" : "[in, out / %llu]")
+                                             : (wp->in_by == 2 ? "[out, in / %llu]" : "[out / %llu, in]");
+            char shown[96];
+            uint64_t pf = m->weight_dtype(wt->dtype) ? pack_of(q, wt->dtype) : 32u / (unsigned)q->bits;
+            snprintf(shown, sizeof shown, form, (unsigned long long)pf);
             return tps_fail(ctx, TPS_E_SHAPE,
-                            "%s: quantized weight '%s' is %s %d-D: quant_method %s stores it I32 "
-                            "[in / %llu, out] (%d-bit codes, %llu to a word)",
+                            "%s: quantized weight '%s' is %s %d-D: quant_method %s stores it %s, "
+                            "%d-bit codes packed in words",
                             ck->path, wt->name, tps_dtype_name(wt->dtype), wt->ndim, m->name,
-                            (unsigned long long)pf, q->bits, (unsigned long long)pf);
-        uint64_t in = wt->shape[0] * pf, out = wt->shape[1];
+                            shown, q->bits);
+        }
+        uint64_t in, out, pfw = pack_of(q, wt->dtype);
+        packed_features(q, wp, wt, &in, &out);
         if (q->group > 0 && in % (uint64_t)q->group)
             return tps_fail(ctx, TPS_E_SHAPE,
                             "%s: quantized weight '%s' [%llu, %llu] holds %llu input features "
-                            "(%llu rows of %llu %d-bit codes), which quantization_config."
-                            "group_size %lld does not divide",
+                            "(%llu output features, %d-bit codes, %llu to a word), which "
+                            "quantization_config's group_size %lld does not divide",
                             ck->path, wt->name, (unsigned long long)wt->shape[0],
-                            (unsigned long long)out, (unsigned long long)in,
-                            (unsigned long long)wt->shape[0], (unsigned long long)pf, q->bits,
+                            (unsigned long long)wt->shape[1], (unsigned long long)in,
+                            (unsigned long long)out, q->bits, (unsigned long long)pfw,
                             (long long)q->group);
         if (p->role == TPS_QR_WEIGHT) {
             q->role[i] = TPS_QR_WEIGHT;
             q->nquant++;
-            /* every part the method stores beside it */
-            for (size_t j = 0; j < m->nparts; j++) {
-                const tps_qpart *pj = &m->parts[j];
-                if (pj->role == TPS_QR_WEIGHT) continue;
-                char *pn = tps_asprintf("%.*s%s", (int)stem, t->name, pj->suffix);
-                if (!pn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-                int k = tps_ckpt_find(ck, pn);
-                if (k < 0 && pj->role != TPS_QR_UNUSED) {
-                    tps_err rc = tps_fail(ctx, TPS_E_SHAPE,
-                                          "%s: quantized weight '%s' has no '%s' beside it: it "
-                                          "cannot be dequantized",
-                                          ck->path, wt->name, pn);
-                    free(pn);
-                    return rc;
-                }
-                free(pn);
-                if (pj->role == TPS_QR_SCALE) q->partner[i] = k;
-                if (pj->role == TPS_QR_ZEROS) q->zeros[i] = k;
-            }
+            TPS_TRY(bind_siblings(ctx, ck, q, i, stem));
             continue;
         }
-        int ok = p->role == TPS_QR_UNUSED ? t->ndim == 1 && t->shape[0] == in : t->ndim == 2;
-        uint64_t rows = 0, cols = 0;
-        if (p->role != TPS_QR_UNUSED) {
-            packed_shape(q, p, in, out, &rows, &cols);
-            ok = ok && t->shape[0] == rows && t->shape[1] == cols && (!p->out_packed || out % pf == 0);
+        /* the part's expected shape and dtype */
+        int ok, dt_ok;
+        char want[96];
+        uint64_t pf = p->role == TPS_QR_ZEROS ? 32u / (unsigned)q->bits : pfw;
+        if (p->role == TPS_QR_UNUSED) {
+            ok = t->ndim == 1 && t->shape[0] == in;
+            dt_ok = t->dtype == TPS_I32;
+            snprintf(want, sizeof want, "I32 [%llu]", (unsigned long long)in);
+        } else if (p->role == TPS_QR_SHAPE) {
+            ok = t->ndim == 1 && t->shape[0] == 2;
+            dt_ok = t->dtype == TPS_I64;
+            snprintf(want, sizeof want, "I64 [2]");
+        } else if (p->per_tensor) {
+            ok = t->ndim <= 1 && (t->ndim == 0 || t->shape[0] == 1);
+            dt_ok = t->dtype == TPS_F32;
+            snprintf(want, sizeof want, "F32 [] or [1] (one value)");
+        } else {
+            uint64_t rows, cols;
+            packed_shape(q, p, in, out, pf, &rows, &cols);
+            ok = t->ndim == 2 && t->shape[0] == rows && t->shape[1] == cols &&
+                 (!p->out_packed || out % pf == 0) && (p->in_by != 2 || in % pf == 0);
+            dt_ok = p->role == TPS_QR_SCALE ? tps_dtype_is_float(t->dtype) : t->dtype == TPS_I32;
+            snprintf(want, sizeof want, "%s [%llu, %llu]",
+                     p->role == TPS_QR_SCALE ? "a float dtype" : "I32", (unsigned long long)rows,
+                     (unsigned long long)cols);
         }
-        int dt_ok = p->role == TPS_QR_SCALE ? tps_dtype_is_float(t->dtype) : t->dtype == TPS_I32;
         if (!ok || !dt_ok) {
-            char want[96];
-            if (p->role == TPS_QR_UNUSED)
-                snprintf(want, sizeof want, "I32 [%llu]", (unsigned long long)in);
-            else
-                snprintf(want, sizeof want, "%s [%llu, %llu]",
-                         p->role == TPS_QR_SCALE ? "a float dtype" : "I32",
-                         (unsigned long long)rows, (unsigned long long)cols);
+            char shown[96] = "";
+            size_t o = 0;
+            for (int d = 0; d < t->ndim && o < sizeof shown; d++)
+                o += (size_t)snprintf(shown + o, sizeof shown - o, "%s%llu", d ? ", " : "",
+                                      (unsigned long long)t->shape[d]);
             return tps_fail(ctx, TPS_E_SHAPE,
-                            "%s: tensor '%s' is %s [%llu%s%llu], but its weight '%s' [%llu, "
-                            "%llu] holds %llu x %llu features in %d-bit codes with "
-                            "quantization_config.group_size %lld, so it must be %s%s",
-                            ck->path, t->name, tps_dtype_name(t->dtype),
-                            t->ndim ? (unsigned long long)t->shape[0] : 0ULL,
-                            t->ndim > 1 ? ", " : "",
-                            t->ndim > 1 ? (unsigned long long)t->shape[1] : 0ULL, wt->name,
-                            (unsigned long long)wt->shape[0], (unsigned long long)out,
+                            "%s: tensor '%s' is %s [%s], but its weight '%s' [%llu, %llu] holds "
+                            "%llu x %llu features in %d-bit codes with group_size %lld, so it "
+                            "must be %s",
+                            ck->path, t->name, tps_dtype_name(t->dtype), shown, wt->name,
+                            (unsigned long long)wt->shape[0], (unsigned long long)wt->shape[1],
                             (unsigned long long)out, (unsigned long long)in, q->bits,
-                            (long long)q->group, want,
-                            p->out_packed && out % pf ? " (and out divisible by the codes a word holds)"
-                                                      : "");
+                            (long long)q->group, want);
         }
         q->role[i] = p->role;
         q->partner[i] = w;
-        if (p->role == TPS_QR_SCALE) q->kind[i] = q->group < 0 ? TPS_QS_CHANNEL : TPS_QS_GROUP;
+        if (p->role == TPS_QR_SCALE)
+            q->kind[i] = p->per_tensor ? TPS_QS_TENSOR : q->group < 0 ? TPS_QS_CHANNEL : TPS_QS_GROUP;
     }
     return TPS_OK;
 }
@@ -397,10 +500,16 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     }
     if (!q) return TPS_OK;
     v->method = q->method_name;
-    if (q->m->weight_suffix) { /* read and checked, but no layout writes it yet */
-        tps_fail(ctx, TPS_E_REJECT, "%s", tps_quant_packed_reason(q, NULL));
-        v->problem = tps_ctx_errmsg(ctx);
+    if (q->m->weight_suffix) { /* packed: the serving layouts that load it write it */
+        v->supported = 1;
+        v->bits = q->bits;
+        v->group_size = q->group;
         v->weights = q->nquant;
+        for (size_t i = 0; i < ck->n; i++)
+            if (q->role[i] == TPS_QR_SCALE) {
+                if (q->kind[i] == TPS_QS_GROUP) v->group_scales++;
+                else v->channel_scales++;
+            }
         tps_quant_free(q);
         return TPS_OK;
     }
@@ -419,21 +528,59 @@ tps_err tps_ckpt_quantization(tps_ctx *ctx, const tps_ckpt *ck, tps_quant_view *
     return TPS_OK;
 }
 
-const char *tps_quant_packed_reason(const tps_quant *q, const char *layout)
+const char *tps_quant_packed_reason(const tps_quant *q, const char *layout, const char *why)
 {
     static _Thread_local char buf[512];
     if (layout)
         snprintf(buf, sizeof buf,
-                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
-                 "supported yet by layout %s: the engine fuses and splits the packed weights, "
-                 "their scales and zero points along the output features, on whole words and "
-                 "groups, and tpshard does not write that yet",
-                 q->method_name, q->bits, (long long)q->group, layout);
+                 "quant_method %s (%d-bit codes packed in words, group_size %lld) is not "
+                 "supported by layout %s: %s",
+                 q->method_name, q->bits, (long long)q->group, layout,
+                 why ? why : "the engine does not load it from files as the checkpoint stores it");
     else
         snprintf(buf, sizeof buf,
-                 "quant_method %s (%d-bit codes packed in int32 words, group_size %lld) is not "
-                 "supported by layout dtensor: no DTensor consumer loads packed weights; the "
-                 "serving layouts (vllm, sglang) do not write it yet either",
+                 "quant_method %s (%d-bit codes packed in words, group_size %lld) is not "
+                 "supported by layout dtensor: no DTensor consumer loads packed weights (split "
+                 "with --layout vllm)",
                  q->method_name, q->bits, (long long)q->group);
     return buf;
+}
+
+tps_err tps_quant_serving_config(tps_ctx *ctx, const tps_ckpt *ck, const tps_quant *q,
+                                 const char *text, char **out)
+{
+    *out = NULL;
+    if (!q || !q->m->module_list || !text) return TPS_OK;
+    cJSON *cfg = cJSON_Parse(text);
+    cJSON *qc = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config") : NULL;
+    if (!cJSON_IsObject(qc)) {
+        cJSON_Delete(cfg);
+        return cfg ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    }
+    const cJSON *have = cJSON_GetObjectItemCaseSensitive(qc, q->m->module_list);
+    if (cJSON_IsArray(have) && cJSON_GetArraySize(have) > 0) {
+        cJSON_Delete(cfg);
+        return TPS_OK;
+    }
+    cJSON_DeleteItemFromObjectCaseSensitive(qc, q->m->module_list);
+    cJSON *list = cJSON_AddArrayToObject(qc, q->m->module_list);
+    size_t sl = strlen(q->m->weight_suffix), stem;
+    for (size_t i = 0; list && i < ck->n; i++) {
+        if (q->role[i] != TPS_QR_WEIGHT || !has_suffix(ck->t[i].name, q->m->weight_suffix, &stem))
+            continue;
+        char *m = tps_asprintf("%.*s", (int)(strlen(ck->t[i].name) - sl), ck->t[i].name);
+        cJSON *x = m ? cJSON_CreateString(m) : NULL;
+        free(m);
+        if (!x || !cJSON_AddItemToArray(list, x)) {
+            cJSON_Delete(x);
+            list = NULL;
+        }
+    }
+    *out = list ? cJSON_Print(cfg) : NULL;
+    cJSON_Delete(cfg);
+    if (!*out) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    char *nl = tps_asprintf("%s\n", *out);
+    free(*out);
+    *out = nl;
+    return nl ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
 }

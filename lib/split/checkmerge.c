@@ -146,65 +146,110 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
     return TPS_OK;
 }
 
+/* Bytes [a, a + len) of rank tensor rt are zero padding or the engine's
+ * constant el (es bytes an element, counted from the tensor's start). */
+static tps_err fill_bytes(tps_ctx *ctx, const tps_ckpt *ck, const tps_crtensor *rt,
+                          const tps_fill *fl, const unsigned char *el, size_t es, uint64_t a0,
+                          uint64_t n, char *buf)
+{
+    const tps_cfile *f = &ck->files[rt->file];
+    for (uint64_t a = 0; a < n; a += CHUNK) {
+        size_t len = (size_t)(n - a < CHUNK ? n - a : CHUNK);
+        TPS_TRY(tps_pread_full(ctx, f->fd, f->path, buf, len, rt->off + a0 + a));
+        for (size_t b = 0; b < len; b++) {
+            unsigned char want = fl->kind == TPS_FILL_ZEROS ? 0 : el[(a0 + a + b) % es];
+            if ((unsigned char)buf[b] != want)
+                return tps_fail(ctx, TPS_E_MISMATCH,
+                                "%s: tensor '%s': byte %llu is 0x%02x, but the manifest says it "
+                                "is %s",
+                                f->path, rt->name, (unsigned long long)(a0 + a + b),
+                                (unsigned char)buf[b],
+                                fl->kind == TPS_FILL_ZEROS ? "zero padding" : "the engine's constant");
+        }
+    }
+    return TPS_OK;
+}
+
 /* A serving layout's rank tensors: every byte is a source piece the
  * manifest lists (CRC-checked above), zero padding, or the engine's constant
- * entries, each exactly once. */
+ * entries, each exactly once. Pieces follow each other, or (concatenated
+ * along the last dim: strided) interleave their runs; then a map of the
+ * tensor's bytes says which are accounted for. */
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
 {
     char *buf = NULL;
+    unsigned char *seen = NULL;
     tps_err rc = TPS_OK;
     for (size_t k = 0; k < ck->nrts; k++) {
         const tps_crtensor *rt = &ck->rts[k];
         if (rt->file < 0) continue;
         const char *fname = ck->files[rt->file].path;
+        int strided = 0;
+        for (size_t j = 0; j < rt->nfills; j++) strided |= rt->fills[j].run != 0;
+        free(seen);
+        seen = NULL;
+        if (strided) {
+            seen = tps_xcalloc((size_t)(rt->nbytes / 8 + 1), 1);
+            TPS_FAIL_IF(!seen, ctx, TPS_E_NOMEM, "out of memory");
+        }
         uint64_t at = 0;
         for (size_t j = 0; j < rt->nfills; j++) {
             const tps_fill *fl = &rt->fills[j];
-            TPS_FAIL_IF(fl->at != at, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s': the manifest accounts for its bytes from %llu, not %llu",
-                        fname, rt->name, (unsigned long long)fl->at, (unsigned long long)at);
-            at += fl->nbytes;
-            TPS_FAIL_IF(at > rt->nbytes, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s': the manifest accounts for more bytes than it has", fname,
-                        rt->name);
+            uint64_t run = fl->run ? fl->run : fl->nbytes, stride = fl->run ? fl->stride : fl->nbytes;
+            uint64_t nrun = run ? fl->nbytes / run : 0;
+            if (!strided) {
+                TPS_FAIL_IF(fl->at != at, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': the manifest accounts for its bytes from %llu, not %llu",
+                            fname, rt->name, (unsigned long long)fl->at, (unsigned long long)at);
+                at += fl->nbytes;
+                TPS_FAIL_IF(at > rt->nbytes, ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': the manifest accounts for more bytes than it has",
+                            fname, rt->name);
+            } else {
+                TPS_FAIL_IF(nrun && (fl->at > rt->nbytes || (nrun - 1) * stride + run >
+                                     rt->nbytes - fl->at),
+                            ctx, TPS_E_MISMATCH,
+                            "%s: tensor '%s': the manifest puts a piece past its end", fname,
+                            rt->name);
+                for (uint64_t r = 0; r < nrun; r++)
+                    for (uint64_t b = fl->at + r * stride, e = b + run; b < e; b++) {
+                        TPS_FAIL_IF(seen[b / 8] >> (b % 8) & 1, ctx, TPS_E_MISMATCH,
+                                    "%s: tensor '%s': the manifest accounts for byte %llu twice",
+                                    fname, rt->name, (unsigned long long)b);
+                        seen[b / 8] |= (unsigned char)(1u << (b % 8));
+                    }
+                at += fl->nbytes;
+            }
             if (fl->kind == TPS_FILL_SOURCE) {
                 int i = tps_ckpt_find(ck, fl->source), found = 0;
                 for (int p = 0; i >= 0 && p < all_pieces(&ck->t[i]) && !found; p++) {
                     const tps_piece *pc = piece_n(&ck->t[i], p);
+                    uint64_t prun = pc->rep_n ? 0 : pc->run, pstr = pc->rep_n ? 0 : pc->stride;
                     found = pc->file == rt->file && !strcmp(pc->holder, rt->name) &&
-                            pc->at == fl->at && pc->fbytes == fl->nbytes;
+                            pc->at == fl->at && pc->fbytes == fl->nbytes && prun == fl->run &&
+                            (!prun || pstr == fl->stride);
                 }
                 TPS_FAIL_IF(!found, ctx, TPS_E_MISMATCH,
                             "%s: tensor '%s': bytes [%llu, %llu) should hold a piece of '%s', which "
                             "the manifest's tensors do not list there",
                             fname, rt->name, (unsigned long long)fl->at,
-                            (unsigned long long)(fl->at + fl->nbytes), fl->source);
+                            (unsigned long long)(fl->at + (nrun ? (nrun - 1) * stride + run : 0)),
+                            fl->source);
                 continue;
             }
-            unsigned char el[8];
+            unsigned char el[8] = {0};
             size_t es = tps_dtype_bits(rt->dtype) / 8;
             if (fl->kind == TPS_FILL_VALUE) {
-                TPS_FAIL_IF(!es || es > 8 || fl->nbytes % es, ctx, TPS_E_MISMATCH,
+                TPS_FAIL_IF(!es || es > 8 || fl->nbytes % es || run % es || stride % es, ctx,
+                            TPS_E_MISMATCH,
                             "%s: tensor '%s': a constant of %s does not fill whole elements", fname,
                             rt->name, tps_dtype_name(rt->dtype));
                 tps_encode_value(rt->dtype, fl->value, el);
             }
             if (!buf) buf = tps_xmalloc(CHUNK);
             TPS_FAIL_IF(!buf, ctx, TPS_E_NOMEM, "out of memory");
-            for (uint64_t a = 0; a < fl->nbytes; a += CHUNK) {
-                size_t len = (size_t)(fl->nbytes - a < CHUNK ? fl->nbytes - a : CHUNK);
-                const tps_cfile *f = &ck->files[rt->file];
-                TPS_CHECK(tps_pread_full(ctx, f->fd, f->path, buf, len, rt->off + fl->at + a));
-                for (size_t b = 0; b < len; b++) {
-                    unsigned char want = fl->kind == TPS_FILL_ZEROS ? 0 : el[(a + b) % es];
-                    TPS_FAIL_IF(
-                        (unsigned char)buf[b] != want, ctx, TPS_E_MISMATCH,
-                        "%s: tensor '%s': byte %llu is 0x%02x, but the manifest says it is %s",
-                        fname, rt->name, (unsigned long long)(fl->at + a + b),
-                        (unsigned char)buf[b],
-                        fl->kind == TPS_FILL_ZEROS ? "zero padding" : "the engine's constant");
-                }
-            }
+            for (uint64_t r = 0; r < nrun; r++)
+                TPS_CHECK(fill_bytes(ctx, ck, rt, fl, el, es ? es : 1, fl->at + r * stride, run, buf));
         }
         TPS_FAIL_IF(at != rt->nbytes, ctx, TPS_E_MISMATCH,
                     "%s: tensor '%s': the manifest accounts for %llu of its %llu bytes", fname,
@@ -212,6 +257,7 @@ tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
     }
 out:
     free(buf);
+    free(seen);
     return rc;
 }
 
@@ -531,25 +577,34 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
 }
 
 /* The source tensors merge cannot give back: the split's layout left them
- * out (the engine's load_weights skips them), named in one warning. */
+ * out (the engine's load_weights skips them), named in one warning, then a
+ * line per reason naming every tensor left out for it. */
 static tps_err warn_dropped(tps_ctx *ctx, const tps_ckpt *ck, const char *dir)
 {
     int n = ck->dropped ? cJSON_GetArraySize(ck->dropped) : 0;
     if (!n) return TPS_OK;
-    size_t cap = 256, len = 0;
-    for (const cJSON *d = ck->dropped->child; d; d = d->next)
-        cap += strlen(cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring) +
-               strlen(cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring) + 8;
-    char *buf = tps_xmalloc(cap);
-    if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    for (const cJSON *d = ck->dropped->child; d; d = d->next)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%s (%s)", len ? "; " : "",
-                                cJSON_GetObjectItemCaseSensitive(d, "name")->valuestring,
-                                cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring);
     tps_log(ctx, TPS_LOG_WARN,
-            "%s: %d source tensor%s not given back: layout %s left %s out of the rank files: %s",
-            dir, n, n == 1 ? " is" : "s are", ck->layout_name, n == 1 ? "it" : "them", buf);
-    free(buf);
+            "%s: %d source tensor%s not given back: layout %s left %s out of the rank files:",
+            dir, n, n == 1 ? " is" : "s are", ck->layout_name, n == 1 ? "it" : "them");
+    for (const cJSON *d = ck->dropped->child; d; d = d->next) {
+        const char *why = cJSON_GetObjectItemCaseSensitive(d, "reason")->valuestring;
+        int first = 1;
+        for (const cJSON *e = ck->dropped->child; e != d && first; e = e->next)
+            first = strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why) != 0;
+        if (!first) continue; /* named with the first of its reason */
+        size_t cap = strlen(why) + 16, len = 0;
+        for (const cJSON *e = d; e; e = e->next)
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why))
+                cap += strlen(cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring) + 2;
+        char *buf = tps_xmalloc(cap);
+        if (!buf) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        for (const cJSON *e = d; e; e = e->next)
+            if (!strcmp(cJSON_GetObjectItemCaseSensitive(e, "reason")->valuestring, why))
+                len += (size_t)snprintf(buf + len, cap - len, "%s%s", len ? ", " : "",
+                                        cJSON_GetObjectItemCaseSensitive(e, "name")->valuestring);
+        tps_log_long(ctx, TPS_LOG_WARN, "  %s: %s", why, buf);
+        free(buf);
+    }
     return TPS_OK;
 }
 

@@ -226,6 +226,15 @@ static void mw_source(const engine *E, FILE *f)
 static void mw_untie(const engine *E, FILE *f)
 {
     const tps_ckpt *ck = E->ck;
+    if (E->config_written && !ck->untie_head && ck->config_text) {
+        /* the config.json beside the rank files is not the source's: merge
+         * gives back this one */
+        fputs("\"config_rewritten\": ", f);
+        mw_str(f, E->config_why);
+        fputs(",\n\"source_config\": ", f);
+        mw_str(f, ck->config_text);
+        fputs(",\n", f);
+    }
     if (ck->untie_head) {
         /* --untie: the head is the embedding's bytes, and config.json was
          * rewritten; merge gives back this original config.json. */
@@ -329,6 +338,9 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
         mw_str(f, rt->name);
     }
     if (p->at) fprintf(f, ", \"at\": %llu", (unsigned long long)p->at);
+    if (p->run)
+        fprintf(f, ", \"run\": %u, \"stride\": %llu", (unsigned)p->run,
+                (unsigned long long)tps_rt_stride(rt));
     if (rt->dtype != t->dtype) fprintf(f, ", \"dtype\": \"%s\"", tps_dtype_name(rt->dtype));
     fputs(", \"shape\": ", f);
     mw_shape(f, ls, t->ndim);
@@ -421,6 +433,9 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
                     const tps_lpiece *p = &L->pieces[rt->piece0 + j];
                     fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
                             (unsigned long long)p->at, (unsigned long long)p->nbytes);
+                    if (p->run)
+                        fprintf(f, "\"run\": %u, \"stride\": %llu, ", (unsigned)p->run,
+                                (unsigned long long)tps_rt_stride(rt));
                     if (p->kind == TPS_PK_SRC) {
                         fputs("\"source\": ", f);
                         mw_str(f, ck->t[L->regions[p->region].src].name);

@@ -257,6 +257,23 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     ofile *f = &E->files[s->file];
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
     if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
+    if (p->run) {
+        /* concatenated along the last dim: one write per run */
+        if (rt->dtype != sd)
+            return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a strided piece cannot be widened",
+                            f->final, rt->name);
+        uint64_t stride = tps_rt_stride(rt);
+        const char *in = buf;
+        while (len) {
+            uint64_t k = off / p->run, w = off % p->run;
+            size_t n = (size_t)(p->run - w < len ? p->run - w : len);
+            TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, in, n, s->off + p->at + k * stride + w));
+            in += n;
+            off += n;
+            len -= n;
+        }
+        return TPS_OK;
+    }
     if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
     /* Widened to F32 (a scale): whole elements, as tasks cut them. */
     size_t es = tps_dtype_bits(sd) / 8;
@@ -297,7 +314,7 @@ static tps_err kcopy_region(engine *E, size_t g, int file, uint64_t foff, uint64
     const tps_cfile *sf = &E->ck->files[file];
     *done = 0;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
-        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd) return TPS_OK;
+        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd || L->pieces[E->dests[d]].run) return TPS_OK;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) {
         const tps_lpiece *p = &L->pieces[E->dests[d]];
         const oslot *s = &E->slots[E->piece_rt[E->dests[d]]];
@@ -894,6 +911,7 @@ static void engine_free(engine *E, int failed)
     free(E->tasks);
     free(E->crcs);
     free(E->crclen);
+    free(E->config_written);
     cJSON_Delete(E->prev);
 }
 
@@ -988,7 +1006,17 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         E.files[i].tmp = tps_strdup("");
     }
     tps_sp_remove_stale(&E, o->out_dir);
-    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir, ck->config_out));
+    /* a packed method's quantized modules by name, where the engine would
+     * look for them in the files (tps_quant_serving_config) */
+    if (L->spec)
+        TPS_CHECK(tps_quant_serving_config(ctx, ck, L->q, ck->config_out ? ck->config_out
+                                                                          : ck->config_text,
+                                           &E.config_written));
+    if (E.config_written)
+        E.config_why = "quantization_config names the quantized modules, which the engine "
+                       "cannot find in rank files (fused names)";
+    TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
+                                E.config_written ? E.config_written : ck->config_out));
     TPS_CHECK(tps_sp_record_manifest(&E, o,
                                      L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));

@@ -74,6 +74,10 @@ typedef struct {
     size_t page;
     tps_kcopy kc;    /* how the output takes runs of the source (kcopy.c) */
     uint64_t shareable; /* bytes the alignment lets the rank files share (CLONE) */
+    /* the config.json written beside the rank files when it is not the
+     * source's (--untie, a packed method's module list), or NULL */
+    char *config_written;
+    const char *config_why; /* why, for the manifest */
 } engine;
 
 /* manifest.c: DIR/tpshard.json, written whole under a temporary name and

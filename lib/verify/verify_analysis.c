@@ -723,6 +723,20 @@ tps_err tps_va_find_blocks(vctx *V)
                 return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
             continue;
         }
+        /* packed codes (NVFP4's X.weight): their words are not the features
+         * the block multiplies; their bytes are checked above */
+        int packed = 0;
+        for (int k = 0; k < nm_; k++)
+            packed |= V->q && V->q->m->weight_suffix && (size_t)m[k]->t < V->ck->n &&
+                      V->q->role[m[k]->t] == TPS_QR_WEIGHT;
+        if (packed) {
+            if (tps_va_rep_add(V->R, b->name, kind == BLK_MLP ? "mlp" : "attn", 0, 0, 0, 0, 1,
+                               tps_asprintf("packed %s codes: every piece reconstructed byte for "
+                                            "byte; the numeric check skipped (not dequantized)",
+                                            V->q->m->name)))
+                return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+            continue;
+        }
         char *why = block_mismatch(V, b, m, nm_);
         if (why) {
             if (tps_va_rep_add(V->R, b->name, kind == BLK_MLP ? "mlp" : "attn", 0, 0, 0, 0, 0, why))

@@ -24,6 +24,7 @@ TOP = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(TOP, "tests", "py"))
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle  # noqa: E402
+import packed_oracle  # noqa: E402
 import gptoss_oracle  # noqa: E402
 import quant_oracle  # noqa: E402
 import serving_oracle  # noqa: E402
@@ -247,6 +248,29 @@ MODELS = {
                                             vocab=256), "ct-channel", _router,
                                        scale_dtype="BF16"),
     "deepseek_v3-fp8-block": fp8_of(deepseek_v3, "block", _router),
+    # packed integer methods (GPTQ, AWQ), F16 like their releases
+    # H 512 and I 1024: tp 4 keeps whole groups of 128 in o_proj and down_proj (at H 256
+    # vLLM's CPU kernel builds o_proj with zero-element scales, which tpshard refuses)
+    "llama-gptq-g128": lambda out: packed_oracle.build(out, "gptq", H=512, I=1024, heads=8, kv=2,
+                                                       hd=64),
+    "llama-gptq-ch": lambda out: packed_oracle.build(out, "gptq", H=256, I=512, heads=4, kv=2,
+                                                     hd=64, group=-1, desc_act=True),
+    "llama-gptq-8bit-g64": lambda out: packed_oracle.build(out, "gptq", H=256, I=512, heads=8,
+                                                           kv=2, hd=32, bits=8, group=64),
+    "qwen2-gptq-g32": lambda out: packed_oracle.build(out, "gptq", family="qwen2", H=128, I=256,
+                                                      heads=4, kv=2, hd=32, group=32),
+    "llama-awq-g128": lambda out: packed_oracle.build(out, "awq", H=512, I=1024, heads=8, kv=2,
+                                                      hd=64),
+    # compressed-tensors W4A16 (RedHatAI's w4a16 releases), tp 2 and 8
+    "llama-ct-w4a16": lambda out: packed_oracle.build(out, "ct", H=1024, I=2048, heads=8, kv=8,
+                                                      hd=128),
+    "qwen2-ct-w4a16-asym": lambda out: packed_oracle.build(out, "ct", family="qwen2", H=256,
+                                                           I=512, heads=4, kv=2, hd=64,
+                                                           sym=False, group=32),
+    "llama-nvfp4": lambda out: packed_oracle.build(out, "nvfp4", H=256, I=512, heads=4, kv=2,
+                                                   hd=64),
+    "llama-ct-nvfp4": lambda out: packed_oracle.build(out, "ct-nvfp4", H=256, I=512, heads=4,
+                                                      kv=2, hd=64),
     # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
     # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
     # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven

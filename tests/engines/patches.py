@@ -23,6 +23,28 @@ def apply_vllm():
               "layer refuses to be built; the kernel only runs at forward and in "
               "process_weights_after_loading, neither of which the oracle runs, and "
               "the parameters are created by Fp8LinearMethod.create_weights whatever the kernel")
+    apply_vllm_marlin_capability()
+
+
+def apply_vllm_marlin_capability():
+    """Marlin's type check (8-bit GPTQ codes) as on a Hopper GPU."""
+    from vllm.model_executor.layers.quantization.utils import marlin_utils
+
+    orig = marlin_utils._check_marlin_supported
+
+    def as_sm90(quant_type, group_size, has_zp, device_capability=None):
+        plat = marlin_utils.current_platform
+        plat.is_cpu = lambda: False  # only while the type list is read
+        try:
+            return orig(quant_type, group_size, has_zp, 90)
+        finally:
+            del plat.is_cpu
+    marlin_utils._check_marlin_supported = as_sm90
+    _note("vllm", "model_executor/layers/quantization/utils/marlin_utils.py _check_marlin_supported",
+          "asks as on a Hopper GPU (capability 90, not the CPU platform's list): on a CPU "
+          "query_marlin_supported_quant_types lists only 4-bit codes, so AutoGPTQLinearMethod "
+          "refuses 8-bit GPTQ before creating its parameters; the check only selects the kernel "
+          "that runs at forward and in process_weights_after_loading")
 
 
 def _kernel_stub(module, names, why_engine, where, why):

@@ -376,9 +376,15 @@ def refusals():
     for kind in qo.UNSUPPORTED:
         d, method = qo.unsupported_model(os.path.join(TMP, "u-" + re.sub(r"\W+", "_", kind)), kind)
         for layout in ("dtensor", "vllm"):
-            # GPTQ is read (and its input checked) now: the DTensor layout
-            # refuses its packed words for good, the serving ones for now
-            extra = ("packed",) if method == "gptq" and layout == "dtensor" else ("not supported yet",)
+            # GPTQ and AWQ are read (and their input checked): the DTensor
+            # layout refuses their packed words for good; vLLM's is
+            # test_packed.py's
+            if method in ("gptq", "awq") and layout == "vllm":
+                continue
+            # MXFP4 is split for gpt-oss (test_gpt_oss.py): on this LLaMA it is refused as
+            # vLLM's GptOssMxfp4Config refuses it, naming gpt-oss
+            extra = (("packed",) if method in ("gptq", "awq") else
+                     ("gpt_oss",) if method == "mxfp4" else ("not supported yet",))
             check_refusal(f"{kind}", d, 2, layout, [method], extra=extra)
 
 
@@ -413,8 +419,9 @@ def bad_inputs():
 
 
 def gptq():
-    """GPTQ checkpoints (the oracle's writer): ones vLLM loads are refused by
-    every layout with its reason; bad ones with the field or tensor named."""
+    """GPTQ checkpoints (the oracle's writer): ones vLLM loads are split by
+    --layout vllm (test_packed.py checks the files) and refused by the others
+    with their reason; bad ones with the field or tensor named."""
     L = "model.layers.0."
     for bits, group, desc in ((4, 128, False), (8, 128, False), (4, -1, True), (8, 64, False)):
         config, tensors = qo.gptq_model(bits, group)
@@ -423,10 +430,14 @@ def gptq():
             report(False, f"gptq {bits}-bit group {group}: the oracle accepts it")
             continue
         d = qo.write_model(os.path.join(TMP, f"g-{bits}-{group}"), config, tensors)
-        for layout, tp in (("dtensor", 1), ("dtensor", 2), ("vllm", 2), ("vllm", 4),
-                           ("sglang", 2)):
-            extra = ("packed", "DTensor") if layout == "dtensor" else ("not supported yet",)
+        for layout, tp in (("dtensor", 1), ("dtensor", 2), ("sglang", 2)):
+            extra = ("packed", "DTensor") if layout == "dtensor" else ("gptq_marlin_repack",)
             check_refusal(f"gptq {bits}-bit group {group}", d, tp, layout, ["gptq"], extra=extra)
+        out = os.path.join(TMP, f"g-{bits}-{group}-vllm")
+        rc, so_, se = split(d, 2, "vllm", out)
+        files = glob.glob(os.path.join(out, "model-rank-*.safetensors")) if rc == 0 else []
+        report(rc == 0 and len(files) == 2, f"quant vllm splits gptq {bits}-bit group {group} "
+               "at tp 2", f"rc {rc}\n{se[:600]}")
 
     def put(name, dt, shape):
         return lambda t: t.__setitem__(name, (dt, shape, bytes((2 if dt == "F16" else 4) * shape[0] * shape[1])))
