@@ -379,11 +379,14 @@ def refusals():
             # GPTQ and AWQ are read (and their input checked): the DTensor
             # layout refuses their packed words for good; vLLM's is
             # test_packed.py's
-            if method in ("gptq", "awq") and layout == "vllm":
+            # (compressed-tensors' WNA16 and NVFP4, ModelOpt's NVFP4: the same)
+            packed = method in ("gptq", "awq", "modelopt") or kind in (
+                "nvfp4 (compressed-tensors)", "int4 w4a16 (compressed-tensors)")
+            if packed and layout == "vllm":
                 continue
             # MXFP4 is split for gpt-oss (test_gpt_oss.py): on this LLaMA it is refused as
             # vLLM's GptOssMxfp4Config refuses it, naming gpt-oss
-            extra = (("packed",) if method in ("gptq", "awq") else
+            extra = (("packed",) if packed else
                      ("gpt_oss",) if method == "mxfp4" else ("not supported yet",))
             check_refusal(f"{kind}", d, 2, layout, [method], extra=extra)
 
