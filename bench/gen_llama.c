@@ -6,7 +6,8 @@
  *             [--head-dim D] [--intermediate I] [--vocab V] [--layers L]
  *             [--index PARTS] [--f32-norms] [--tied] [--seed S] [-q]
  *             [--fp8] [--experts E [--moe-intermediate I]]
- * (--fp8: linear weights F8_E4M3 with 128x128 block scales (--block N: N x N), quant_method fp8;
+ * (--gptq: linear weights GPTQ 4-bit codes, group 128, BF16 scales;
+ * --fp8: linear weights F8_E4M3 with 128x128 block scales (--block N: N x N), quant_method fp8;
  *  --experts: Qwen3-MoE shaped, E experts a layer of intermediate size I)
  *
  * Writes OUTDIR/config.json (LlamaForCausalLM), OUTDIR/generation_config.json
@@ -141,6 +142,7 @@ typedef struct {
     char name[96];
     int f32;          /* 1: F32, 0: BF16 (or F8_E4M3 when f8) */
     int f8;           /* F8_E4M3 (--fp8): 1 byte an element */
+    int i32;          /* I32 (--gptq's packed codes, zero points, g_idx) */
     int norm;         /* fill ~1.0 instead of small weights */
     int ndim;
     uint64_t shape[2];
@@ -153,6 +155,7 @@ static tensor_t *T;
 static int nT, capT;
 
 static int g_fp8; /* --fp8: linear weights F8_E4M3 with 128x128 block scales */
+static int g_gptq; /* --gptq: linear weights GPTQ 4-bit, group 128 (qweight, scales, qzeros, g_idx) */
 static long g_block = 128; /* --block N: N x N blocks instead */
 
 static tensor_t *add(const char *name, int ndim, uint64_t d0, uint64_t d1, int f32, int norm) {
@@ -175,7 +178,26 @@ static tensor_t *add(const char *name, int ndim, uint64_t d0, uint64_t d1, int f
 
 /* A linear layer's weight: BF16, or with --fp8 F8_E4M3 and its block scales
  * weight_scale_inv [ceil(out/128), ceil(in/128)] F32 (DeepSeek/Qwen3-FP8 style). */
+static tensor_t *add_i32(const char *name, int ndim, uint64_t d0, uint64_t d1) {
+    tensor_t *t = add(name, ndim, d0, d1, 1, 0); /* 4 bytes an element */
+    t->i32 = 1;
+    return t;
+}
+
 static void add_linear(const char *name, uint64_t out, uint64_t in) {
+    if (g_gptq) { /* X.qweight [in/8, out], X.scales BF16 [in/128, out], X.qzeros [in/128, out/8] */
+        char stem[96], n[112];
+        snprintf(stem, sizeof stem, "%.*s", (int)(strlen(name) - strlen(".weight")), name);
+        snprintf(n, sizeof n, "%s.qweight", stem);
+        add_i32(n, 2, in / 8, out);
+        snprintf(n, sizeof n, "%s.scales", stem);
+        add(n, 2, in / 128, out, 0, 1);
+        snprintf(n, sizeof n, "%s.qzeros", stem);
+        add_i32(n, 2, in / 128, out / 8);
+        snprintf(n, sizeof n, "%s.g_idx", stem);
+        add_i32(n, 1, in, 0);
+        return;
+    }
     tensor_t *t = add(name, 2, out, in, 0, 0);
     if (!g_fp8) return;
     t->f8 = 1;
@@ -340,7 +362,7 @@ static uint64_t write_part(const char *path, int p, rng_t *rng, unsigned char *b
         tensor_t *t = v[i];
         t->off = off;
         sb_printf(&h, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", t->name,
-                  t->f32 ? "F32" : t->f8 ? "F8_E4M3" : "BF16");
+                  t->i32 ? "I32" : t->f32 ? "F32" : t->f8 ? "F8_E4M3" : "BF16");
         if (t->ndim == 1) sb_printf(&h, "%" PRIu64, t->shape[0]);
         else sb_printf(&h, "%" PRIu64 ",%" PRIu64, t->shape[0], t->shape[1]);
         sb_printf(&h, "],\"data_offsets\":[%" PRIu64 ",%" PRIu64 "]}", off, off + t->nbytes);
@@ -430,6 +452,7 @@ int main(int argc, char **argv) {
         else if (strcmp(a, "--f32-norms") == 0) f32_norms = 1;
         else if (strcmp(a, "--tied") == 0) tied = 1;
         else if (strcmp(a, "--fp8") == 0) g_fp8 = 1;
+        else if (strcmp(a, "--gptq") == 0) g_gptq = 1;
         else if (strcmp(a, "--block") == 0) g_block = parse_long(a, NEXT());
         else if (strcmp(a, "--experts") == 0) experts = parse_long(a, NEXT());
         else if (strcmp(a, "--moe-intermediate") == 0) moe_inter = parse_long(a, NEXT());
@@ -452,6 +475,7 @@ int main(int argc, char **argv) {
     uint64_t q_out = (uint64_t)heads * D, kv_out = (uint64_t)kv * D;
     uint64_t nb = f32_norms ? 4 : 2;
     uint64_t wb = g_fp8 ? 1 : 2; /* bytes a linear weight element */
+    if (g_gptq) wb = 1; /* half a byte of codes, plus scales and zeros: about 0.55 */
     uint64_t mlp = experts ? (uint64_t)experts * 3 * (uint64_t)moe_inter * H * wb + (uint64_t)experts * H * 2
                            : 3 * I * H * wb;
     uint64_t per_layer = 2 * (q_out * H * wb + kv_out * H * wb) + mlp + 2 * H * nb +
@@ -535,6 +559,10 @@ int main(int argc, char **argv) {
     if (mkdir(outdir, 0755) != 0 && errno != EEXIST) die("cannot create %s", outdir);
 
     char qcfg[256] = "";
+    if (g_gptq)
+        snprintf(qcfg, sizeof qcfg,
+                 "  \"quantization_config\": {\"quant_method\": \"gptq\", \"bits\": 4, "
+                 "\"group_size\": 128, \"sym\": true, \"desc_act\": false},\n");
     if (g_fp8)
         snprintf(qcfg, sizeof qcfg,
                  "  \"quantization_config\": {\"quant_method\": \"fp8\", "

@@ -6,9 +6,11 @@
 
 #include "cli.h"
 
+static int g_pad; /* --pad-intermediate */
+
 const char usage_plan[] =
     "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--ep] "
-    "[--pp N] [--pp-layers LIST] [--moe-backend NAME] [--untie] [--list] [--json]\n"
+    "[--pad-intermediate] [--pp N] [--pp-layers LIST] [--moe-backend NAME] [--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -21,6 +23,7 @@ const char usage_plan[] =
     "  --family NAME   a built-in plan by name; default: detected from config.json\n"
     "  --layout L      dtensor (default), vllm, sglang, or a layout file\n"
     "  --ep            MoE checkpoints: experts whole on one rank each, as split --ep\n"
+    "  --pad-intermediate  plan the split as split --pad-intermediate pads it\n"
     "  --pp N          --layout vllm: N pipeline stages, as split --pp: the stage of\n"
     "                  every tensor and layer, the bytes of every rank (worker)\n"
     "  --pp-layers L   each stage's layers, as split --pp-layers\n"
@@ -470,6 +473,27 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         tps_layout_check(L, i, &c);
         printf("  %-7s %s: %s\n", c.ok == 1 ? "pass" : c.ok == 0 ? "FAIL" : "skipped", c.name, c.detail);
     }
+    int ok[64], nok = 0;
+    if (tps_layout_pp(L) == 1 &&
+        !tps_layout_working_tps(ctx, ck, plan, tps_layout_spec_of(L), tps_layout_ep(L), 1, NULL,
+                                ok, &nok)) {
+        printf("\ntp values that work (every rule of this checkpoint together, up to 64): ");
+        for (int i = 0; i < nok; i++) printf("%s%d", i ? ", " : "", ok[i]);
+        printf("%s\n", nok ? "" : "none");
+    }
+    if (rej && tps_layout_spec_of(L) && !g_pad) {
+        /* would --pad-intermediate make this tp work? */
+        tps_layout *P = NULL;
+        const char *pf;
+        uint64_t pfrom, pto;
+        if (!tps_layout_new_padded(ctx, ck, plan, tps_layout_spec_of(L), tp, tps_layout_ep(L), 1,
+                                   NULL, 1, &P) &&
+            P && !tps_layout_rejected(P) && tps_layout_padding(P, &pf, &pfrom, &pto))
+            printf("\nsuggestion: split --pad-intermediate pads %s %llu to %llu with codes that "
+                   "dequantize to 0 (the MLP computes the same), which tp %d accepts\n", pf,
+                   (unsigned long long)pfrom, (unsigned long long)pto, tp);
+        tps_layout_free(P);
+    }
     if (rej) printf("\nverdict: rejected: %s\n", rej);
     else printf("\nverdict: accepted\n");
     return rej ? 1 : 0;
@@ -510,6 +534,7 @@ int cmd_plan(int argc, char **argv)
         {"family", required_argument, 0, 'f'}, {"list", no_argument, 0, 'l'},
         {"layout", required_argument, 0, 'L'},
         {"untie", no_argument, 0, 'u'},      {"ep", no_argument, 0, 'E'},
+        {"pad-intermediate", no_argument, 0, 'I'},
         {"pp", required_argument, 0, 'P'},   {"pp-layers", required_argument, 0, 'Y'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
@@ -519,7 +544,7 @@ int cmd_plan(int argc, char **argv)
     const char *plan_file = NULL, *family = NULL, *layout = NULL, *pp_layers = NULL;
     const char *moe_backend = NULL;
     int *stage_layers = NULL;
-    int list = 0, untie = 0, ep = 0, c;
+    int list = 0, untie = 0, ep = 0, pad = 0, c;
     optind = 1;
     while ((c = getopt_long(argc, argv, "hqvj", opts, NULL)) != -1) {
         switch (c) {
@@ -532,6 +557,7 @@ int cmd_plan(int argc, char **argv)
         case 'L': layout = optarg; break;
         case 'u': untie = 1; break;
         case 'E': ep = 1; break;
+        case 'I': pad = g_pad = 1; break;
         case 'P':
             if (cli_parse_int(usage_plan, "--pp", optarg, 1, 4096, &pp)) return 2;
             break;
@@ -562,8 +588,8 @@ int cmd_plan(int argc, char **argv)
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
     if (!status) {
-        tps_err e = tps_layout_new_pp(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1,
-                                      stage_layers, &L);
+        tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1,
+                                          stage_layers, pad, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(ctx, argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
             cli_report_rejection(plan, L);

@@ -7,7 +7,7 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ep] [--moe-backend NAME] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
+    "[--ep] [--pad-intermediate] [--moe-backend NAME] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
     "[--mmap | --no-mmap] [--copy] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
@@ -25,6 +25,10 @@ const char usage_split[] =
     "  --ep                 MoE checkpoints, serving layouts: expert parallelism, each\n"
     "                       expert whole on one rank (vLLM --enable-expert-parallel,\n"
     "                       SGLang --ep-size N); attention stays tensor parallel\n"
+    "  --pad-intermediate   serving layouts: when the MLP's intermediate size does not\n"
+    "                       split at N on whole groups and words (Qwen2-72B's 29568 at\n"
+    "                       tp 8), pad it with zeros that dequantize to 0 to the next\n"
+    "                       size that does (config.json says the new size)\n"
     "  --moe-backend NAME   MXFP4 experts (gpt-oss), --layout vllm: vLLM's MoE backend\n"
     "                       (its --moe-backend names: triton, marlin, flashinfer_trtllm,\n"
     "                       flashinfer_cutlass, cutlass, deep_gemm, cpu, ...), whose\n"
@@ -65,6 +69,7 @@ int cmd_split(int argc, char **argv)
         {"no-mmap", no_argument, 0, 'M'},        {"mmap", no_argument, 0, 'A'},
         {"copy", no_argument, 0, 'C'},           {"no-reflink", no_argument, 0, 'C'},        {"dry-run", no_argument, 0, 'n'},        {"json", no_argument, 0, 'j'},
         {"untie", no_argument, 0, 'u'},         {"ep", no_argument, 0, 'E'},
+        {"pad-intermediate", no_argument, 0, 'I'},
         {"pp", required_argument, 0, 'P'},       {"pp-layers", required_argument, 0, 'Y'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {"moe-backend", required_argument, 0, 'B'},
@@ -73,7 +78,7 @@ int cmd_split(int argc, char **argv)
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
     const char *moe_backend = NULL;
     const char *pp_layers = NULL;
-    int *stage_layers = NULL;
+    int *stage_layers = NULL, pad = 0;
     uint64_t max_part = 0;
     int force = 0, dry = 0, map = 1, plain = 0, untie = 0, ep = 0, c;
     optind = 1;
@@ -100,6 +105,7 @@ int cmd_split(int argc, char **argv)
         case 'n': dry = 1; break;
         case 'u': untie = 1; break;
         case 'E': ep = 1; break;
+        case 'I': pad = 1; break;
         case 'P':
             if (cli_parse_int(usage_split, "--pp", optarg, 1, 4096, &pp)) return 2;
             break;
@@ -181,7 +187,7 @@ int cmd_split(int argc, char **argv)
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
     cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
-    tps_err e = tps_layout_new_pp(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1, stage_layers,
+    tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1, stage_layers, pad,
                                   &L);
     if (e) {
         status = cli_lib_error(ctx, e);

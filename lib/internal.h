@@ -206,9 +206,10 @@ uint32_t tps_crc32_impl(int impl, uint32_t crc, const void *data, size_t len);
  * taken; other SIGBUS signals are handled as the action it replaced would
  * have handled them. A thread must not have SIGBUS blocked while it reads:
  * a blocked fault kills whatever the handler. */
-typedef struct {
+typedef struct tps_guard {
     sigjmp_buf jb;
     const void *lo, *hi;
+    struct tps_guard *prev; /* the guard this one is inside (set by enter) */
 } tps_guard;
 int tps_guard_hold(void); /* 0 when the handler cannot be installed */
 void tps_guard_release(void);
@@ -413,6 +414,7 @@ struct tps_ckpt {
     int pp;          /* sharded dirs: pipeline stages (1 without pp) */
     int nranks;      /* sharded dirs: tp * pp ranks (workers); rank w is stage w / tp */
     int *stage_first, *stage_layers; /* sharded dirs, pp > 1: the manifest's stages */
+    int pad_intermediate; /* sharded dirs: split with --pad-intermediate */
     char **origins;  /* original file names, in order (sharded: from manifest) */
     size_t norigins;
     cJSON *origin_meta; /* {file: {__metadata__}} */
@@ -1037,6 +1039,13 @@ struct tps_layout {
     tps_quant *q;          /* quantized checkpoints: scales follow their weights */
     int tp;
     int ep;                /* experts whole on one rank each (split --ep) */
+    /* split --pad-intermediate: asked (pad_mode); pad_field (config.json's
+     * intermediate_size) from pad_from to pad_to features when the split
+     * needs it (pad_to > pad_from), the MLP's gate/up rows and down columns
+     * beyond pad_from holding codes that dequantize to 0 */
+    int pad_mode;
+    const char *pad_field;
+    uint64_t pad_from, pad_to;
     /* pipeline parallelism (a layout with a pipeline section): pp stages of
      * tp ranks each; rank (worker) w is stage w / tp, tensor-parallel rank
      * w % tp, and nranks = tp * pp. Stage s holds layers
@@ -1075,6 +1084,7 @@ struct tps_layout {
  * them (no plan), the layout file it used, and the directory's config. */
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
+                               int pad,
                                const tps_style *styles, tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */

@@ -241,6 +241,7 @@ tps_err tps_layout_spec_load(tps_ctx *ctx, const char *path, tps_layout_spec **o
 void tps_layout_spec_free(tps_layout_spec *s);
 const char *tps_layout_spec_name(const tps_layout_spec *s);   /* "dtensor" for NULL */
 const char *tps_layout_spec_target(const tps_layout_spec *s); /* "vllm 0.33.0"; NULL for dtensor */
+const tps_layout_spec *tps_layout_spec_of(const tps_layout *L); /* NULL: dtensor */
 
 /* Resolves every tensor's placement, runs the plan's checks (the DTensor
  * layout) or the layout's own rules (a spec), and lays out every rank's
@@ -263,6 +264,22 @@ int tps_layout_ep(const tps_layout *L);
 tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                           const tps_layout_spec *spec, int tp, int ep, int pp, const int *layers,
                           tps_layout **out);
+/* The tp values up to 64 at which every rule of the checkpoint together
+ * (the plan's or the layout's: heads, KV heads, vocabulary, FP8 blocks,
+ * packed words and groups, experts, --ep, pp) accepts it, ascending, in
+ * out[0 .. *n): each one compiled, as split would. */
+tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                               const tps_layout_spec *spec, int ep, int pp, const int *layers,
+                               int *out, int *n);
+/* tps_layout_new_pp, with split --pad-intermediate (pad 1): where the MLP's
+ * intermediate size does not split at tp on whole groups and words, it is
+ * zero-padded to the next size that does (tps_layout_padding says to what). */
+tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                              const tps_layout_spec *spec, int tp, int ep, int pp,
+                              const int *layers, int pad, tps_layout **out);
+/* The padding a layout made: 1 and config.json's field, the size it had
+ * and the size the rank files hold; 0 when none. */
+int tps_layout_padding(const tps_layout *L, const char **field, uint64_t *from, uint64_t *to);
 int tps_layout_pp(const tps_layout *L);     /* 1 without pipeline parallelism */
 
 /* vLLM's MoE backends for MXFP4 experts (split --moe-backend, vLLM's own

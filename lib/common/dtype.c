@@ -173,6 +173,15 @@ void tps_encode_value(tps_dtype d, double v, unsigned char *out)
         memcpy(out, &h, 2);
     } else if (d == TPS_F64) {
         memcpy(out, &v, 8);
+    } else if (d == TPS_I32 || d == TPS_U32) {
+        /* a word pattern (a pad piece's codes): its 32 bits, however signed */
+        uint32_t w = v < 0 ? (uint32_t)(int32_t)v : (uint32_t)v;
+        memcpy(out, &w, 4);
+    } else if (d == TPS_I64) {
+        int64_t w = (int64_t)v;
+        memcpy(out, &w, 8);
+    } else if (d == TPS_U8 || d == TPS_I8) {
+        out[0] = (unsigned char)(int)v;
     }
 }
 

@@ -56,12 +56,14 @@ static void die_of_sigbus(void)
  * installed over ours may call us with its own mask in force. */
 static void on_sigbus(int sig, siginfo_t *si, void *uc)
 {
-    tps_guard *g = guard_cur;
-    if (g && access_fault(si) && (const char *)si->si_addr >= (const char *)g->lo &&
-        (const char *)si->si_addr < (const char *)g->hi) {
-        guard_cur = NULL;
-        siglongjmp(g->jb, 1);
-    }
+    /* the innermost guard whose range holds the address (guards nest: a
+     * write into a mapped output inside a read of a mapped source) */
+    for (tps_guard *g = guard_cur; g && access_fault(si); g = g->prev)
+        if ((const char *)si->si_addr >= (const char *)g->lo &&
+            (const char *)si->si_addr < (const char *)g->hi) {
+            guard_cur = g->prev;
+            siglongjmp(g->jb, 1);
+        }
     /* Not ours: what the replaced action would have done. One copy of it,
      * read once. Its disposition first: with SA_SIGINFO set, SIG_IGN and
      * SIG_DFL still read as such through sa_handler (they share storage). */
@@ -153,6 +155,8 @@ void tps_guard_release(void)
 void tps_guard_enter(tps_guard *g)
 {
     chaining = 0; /* a chained action that jumped out of us is over */
+    g->prev = guard_cur;
+    __atomic_signal_fence(__ATOMIC_SEQ_CST);
     guard_cur = g;
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
 }
@@ -160,5 +164,5 @@ void tps_guard_enter(tps_guard *g)
 void tps_guard_leave(void)
 {
     __atomic_signal_fence(__ATOMIC_SEQ_CST);
-    guard_cur = NULL;
+    guard_cur = guard_cur ? guard_cur->prev : NULL;
 }

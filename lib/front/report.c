@@ -446,6 +446,17 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
         tps_ctx_free(qc);
     }
     jw_kstr(&w, "rejected", rej);
+    {
+        int ok[64], nok = 0;
+        jw_key(&w, "working_tp");
+        if (L->pp > 1 || tps_layout_working_tps(ctx, ck, L->plan, L->spec, L->ep, 1, NULL, ok, &nok)) {
+            jw_null(&w);
+        } else {
+            jw_arr(&w);
+            for (int i = 0; i < nok; i++) jw_uint(&w, (uint64_t)ok[i]);
+            jw_end(&w);
+        }
+    }
     jw_key(&w, "untie");
     if (tps_ckpt_untied_head(ck)) {
         jw_obj(&w);

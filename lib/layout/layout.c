@@ -349,6 +349,7 @@ tps_err tps_layout_new_with(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
 }
 
 int tps_layout_ep(const tps_layout *L) { return L->ep; }
+const tps_layout_spec *tps_layout_spec_of(const tps_layout *L) { return L->spec; }
 
 /* A layout of ck's tensors, nothing placed yet. */
 static tps_layout *layout_alloc(const tps_ckpt *ck, const tps_plan *plan, const tps_lspec *spec,
@@ -382,6 +383,22 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
                           const tps_layout_spec *spec, int tp, int ep, int pp, const int *layers,
                           tps_layout **out)
 {
+    return tps_layout_new_padded(ctx, ck, plan, spec, tp, ep, pp, layers, 0, out);
+}
+
+int tps_layout_padding(const tps_layout *L, const char **field, uint64_t *from, uint64_t *to)
+{
+    if (!L->pad_field || L->pad_to <= L->pad_from) return 0;
+    *field = L->pad_field;
+    *from = L->pad_from;
+    *to = L->pad_to;
+    return 1;
+}
+
+tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                              const tps_layout_spec *spec, int tp, int ep, int pp,
+                              const int *layers, int pad, tps_layout **out)
+{
     *out = NULL;
     if (tp < 1 || tp > 4096) return tps_fail(ctx, TPS_E_ARG, "tp must be between 1 and 4096, not %d", tp);
     if (pp < 1 || pp > 4096 || tp * pp > 65536)
@@ -392,6 +409,7 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
     head_state hs = {.last_layer = -1};
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    L->pad_mode = pad;
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     /* Named after the file: a malformed per_layer_config is the config's fault. */
     char *cfg_label = tps_asprintf("%s/config.json", ck->dir ? ck->dir : ".");
@@ -454,12 +472,13 @@ out:
 
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
-                               const tps_style *styles, tps_layout **out)
+                               int pad, const tps_style *styles, tps_layout **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    L->pad_mode = pad;
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     for (size_t i = 0; i < ck->n; i++) {
         L->p[i].t = i;
@@ -674,4 +693,23 @@ void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tp
     case TPS_PK_ZERO: v->kind = "zeros"; v->dim = -1; break;
     case TPS_PK_CONST: v->kind = "constant"; v->dim = -1; v->value = p->value; break;
     }
+}
+
+tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                               const tps_layout_spec *spec, int ep, int pp, const int *layers,
+                               int *out, int *n)
+{
+    *n = 0;
+    /* every family splits its attention heads: only their divisors can work */
+    int present;
+    uint64_t heads = tps_lc_config_count(ck->config, "num_attention_heads", &present);
+    for (int tp = 1; tp <= 64; tp++) {
+        if (heads && heads % (uint64_t)tp) continue;
+        tps_layout *L = NULL;
+        tps_err rc = tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, pp, layers, &L);
+        if (rc == TPS_E_NOMEM) return rc;
+        if (!rc && L && !L->rejected) out[(*n)++] = tp;
+        tps_layout_free(L);
+    }
+    return TPS_OK;
 }

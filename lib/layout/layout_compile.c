@@ -670,6 +670,13 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     /* what the engine's load_weights skips: no rank file holds it */
     TPS_CHECK(tps_lc_drop(&C));
     if (C.why[0]) goto out;
+    if (L->pad_mode && (!s || !L->q || !L->q->m->weight_suffix)) {
+        refuse(&C, "--pad-intermediate pads the MLPs of packed checkpoints (GPTQ, AWQ, "
+                   "compressed-tensors WNA16, NVFP4) in a serving layout; %s",
+               !s ? "the dtensor layout keeps the checkpoint's shapes"
+                  : "unquantized and FP8 checkpoints are not padded yet");
+        goto out;
+    }
     if (s) {
         TPS_CHECK(tps_lc_compile_packed(&C));
         if (C.why[0]) goto out;

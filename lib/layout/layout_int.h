@@ -161,6 +161,8 @@ tps_dtype tps_lc_serving_dtype(const cJSON *config);
 /* Packed integer methods (GPTQ, AWQ): every quantized linear's tensors,
  * fused and cut as the engine loads them. */
 tps_err tps_lc_compile_packed(cstate *C);
+/* --pad-intermediate: the MLP's padded size at tp (L->pad_*), or a refusal. */
+tps_err tps_lc_pad_setup(cstate *C);
 /* The E experts of module (layout experts entry x) of a packed method:
  * each stack's every part stacked [E, ...] as the engine's fused MoE holds it. */
 tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E);

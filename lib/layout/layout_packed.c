@@ -35,6 +35,7 @@
 typedef struct {
     size_t t[MAXP];
     uint64_t in, out;
+    uint64_t pout; /* out, padded (--pad-intermediate) */
     size_t stem;
 } plinear;
 
@@ -129,6 +130,105 @@ static void refuse_units(cstate *C, const tps_ctensor *t, const char *what, uint
            C->L->q->method_name, C->L->q->bits, works);
 }
 
+/* ------------------------------------------------------------------ --pad-intermediate */
+
+static uint64_t gcd_u(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+static uint64_t lcm_u(uint64_t a, uint64_t b) { return a && b ? a / gcd_u(a, b) * b : a ? a : b; }
+
+/* A word of codes that dequantize to exactly 0 for part p (the pad pieces'
+ * value): GPTQ and symmetric compressed-tensors codes are biased by
+ * 2^(bits-1) (uint4b8, uint8b128), GPTQ's stored zero points are that minus
+ * one (AutoGPTQ's v1 format); AWQ's and asymmetric codes with zero points of
+ * 0, NVFP4's +0, scales 0.0: zero bytes. */
+static uint32_t pad_word(const tps_quant *q, const tps_qpart *p)
+{
+    int biased = q->m == &tps_qm_gptq || (q->m == &tps_qm_ct_wna16 && !q->asym);
+    if (!biased || (p->role != TPS_QR_WEIGHT && !(p->role == TPS_QR_ZEROS && q->m == &tps_qm_gptq)))
+        return 0;
+    uint32_t code = 1u << (q->bits - 1), w = 0;
+    if (p->role == TPS_QR_ZEROS) code -= 1;
+    for (int k = 0; k < 32; k += q->bits) w |= code << k;
+    return w;
+}
+
+/* The padded size of n features split at tp (pad_from: the unpadded), or n. */
+static uint64_t padded(const cstate *C, uint64_t n)
+{
+    const tps_layout *L = C->L;
+    return L->pad_to > L->pad_from && n == L->pad_from ? L->pad_to : n;
+}
+
+/* A pad piece of `units` elements along ax of part p in rank tensor rt at
+ * byte at (strided by run when the rank tensor holds other parts beside it
+ * along its last dim). */
+static tps_err pad_piece(cstate *C, tps_rtensor *rt, const tps_qpart *p, uint64_t nbytes,
+                         uint64_t at, uint64_t run)
+{
+    uint32_t w = pad_word(C->L->q, p);
+    tps_lpiece pc = {.kind = w ? TPS_PK_CONST : TPS_PK_ZERO, .at = at, .nbytes = nbytes,
+                     .run = (uint32_t)run, .value = (double)(int32_t)w};
+    if (!nbytes) return TPS_OK;
+    return tps_lc_add_piece(C, rt, pc);
+}
+
+tps_err tps_lc_pad_setup(cstate *C)
+{
+    tps_layout *L = C->L;
+    const tps_ckpt *ck = C->ck;
+    const tps_quant *q = L->q;
+    if (!L->pad_mode) return TPS_OK;
+    L->pad_field = "intermediate_size";
+    int present;
+    uint64_t I = tps_lc_config_count(ck->config, L->pad_field, &present);
+    if (!I) {
+        refuse(C, "--pad-intermediate: config.json has no usable intermediate_size to pad");
+        return TPS_OK;
+    }
+    uint64_t unit = 1;
+    if (q && !q->m->weight_suffix) {
+        refuse(C, "--pad-intermediate: %s checkpoints are not padded yet (packed methods and "
+                  "unquantized ones are)", q->method_name);
+        return TPS_OK;
+    }
+    for (size_t j = 0; q && j < q->m->nparts; j++) {
+        const tps_qpart *p = &q->m->parts[j];
+        if (p->role == TPS_QR_UNUSED || p->role == TPS_QR_SHAPE || p->per_tensor) continue;
+        tps_dtype d = p->role == TPS_QR_ZEROS ? TPS_I32 : p->role == TPS_QR_SCALE ? TPS_F16
+                      : q->m->weight_dtype(TPS_I32) ? TPS_I32 : TPS_U8;
+        uint64_t pf = (uint64_t)tps_dtype_bits(d) / (uint64_t)q->bits;
+        uint64_t ou = p->out_packed ? pf : 1;
+        uint64_t iu = p->in_by == 0 ? 1 : p->in_by == 2 ? pf : q->group < 0 ? 1 : (uint64_t)q->group;
+        unit = lcm_u(unit, lcm_u(ou, iu));
+    }
+    if (I % unit) {
+        refuse(C, "--pad-intermediate: intermediate_size %llu is not whole groups and words of "
+                  "%llu features, so its last rank's real features would end inside one",
+               (unsigned long long)I, (unsigned long long)unit);
+        return TPS_OK;
+    }
+    uint64_t step = unit * (uint64_t)C->tp;
+    L->pad_from = I;
+    L->pad_to = (I + step - 1) / step * step;
+    char d[256];
+    if (L->pad_to > I)
+        snprintf(d, sizeof d, "%s %llu padded to %llu: %llu features a rank, whole units of %llu",
+                 L->pad_field, (unsigned long long)I, (unsigned long long)L->pad_to,
+                 (unsigned long long)(L->pad_to / (uint64_t)C->tp), (unsigned long long)unit);
+    else
+        snprintf(d, sizeof d, "%s %llu splits at tp %d as it is: no padding", L->pad_field,
+                 (unsigned long long)I, C->tp);
+    return tps_lc_add_check(C, "--pad-intermediate", 1, d);
+}
+
 /* Scales in the model's dtype, as the engine creates them (params_dtype):
  * 0 and a refusal when the checkpoint's are another. */
 static int scale_dtype_ok(cstate *C, const tps_ctensor *t)
@@ -146,6 +246,7 @@ static int scale_dtype_ok(cstate *C, const tps_ctensor *t)
 /* An unfused linear on every rank: out (split 1), in (2) or whole (0). */
 static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *rule)
 {
+    int is_mlp = strstr(C->ck->t[pl->t[0] == SIZE_MAX ? 0 : pl->t[0]].name, ".mlp.") != NULL;
     const tps_quant *q = C->L->q;
     const tps_qmethod *m = q->m;
     const tps_ckpt *ck = C->ck;
@@ -166,6 +267,9 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
                    t->name, m->channel_rowwise_refusal);
             return TPS_OK;
         }
+        /* the MLP's intermediate features, padded (--pad-intermediate) */
+        uint64_t real = n;
+        if (how && is_mlp) n = padded(C, n);
         int whole = how == 0 || (how == 2 && iu == 0) || p->role == TPS_QR_SHAPE || p->per_tensor;
         for (int r = 0; r < C->tp && p->per_tensor; r++) {
             /* one slot: the engine's PerTensorScaleParameter of one part */
@@ -177,8 +281,10 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
         for (int r = 0; r < C->tp && !p->per_tensor; r++) {
             uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
             memcpy(shape, t->shape, sizeof shape);
+            uint64_t rl = 0;
             if (!whole) {
                 tps_lc_part_rows(n, 0, 0, C->tp, r, 1, &lo, &len);
+                rl = lo >= real ? 0 : lo + len <= real ? len : real - lo;
                 if (n % (uint64_t)C->tp) {
                     char works[300];
                     tps_lc_works_list(works, sizeof works, n, 0, tps_lc_ok_divides);
@@ -197,8 +303,23 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
             }
             tps_rtensor *rt;
             TPS_TRY(tps_lc_new_rt(C, t->name, r, t->dtype, t->ndim, shape, rule, &rt));
-            if (whole) TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], -1, 0, 0, 0));
-            else TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], ax, lo / u, (lo + len) / u, 0));
+            if (whole) {
+                TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], -1, 0, 0, 0));
+            } else if (rl == len) {
+                TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], ax, lo / u, (lo + len) / u, 0));
+            } else {
+                /* the real features, then zeros that dequantize to 0 */
+                size_t es = tps_dtype_bits(t->dtype) / 8;
+                uint64_t other = t->shape[1 - ax], ru = rl / u, pu = (len - rl) / u;
+                if (ax == 0) {
+                    uint64_t rowb = other * es;
+                    if (ru) TPS_TRY(tps_lc_src_piece(C, rt, pl->t[j], 0, lo / u, lo / u + ru, 0));
+                    TPS_TRY(pad_piece(C, rt, p, pu * rowb, ru * rowb, 0));
+                } else {
+                    if (ru) TPS_TRY(tps_lc_src_piece_run(C, rt, pl->t[j], 1, lo / u, lo / u + ru, 0, ru * es));
+                    TPS_TRY(pad_piece(C, rt, p, other * pu * es, ru * es, pu * es));
+                }
+            }
         }
     }
     return TPS_OK;
@@ -333,7 +454,12 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
                    (unsigned long long)lin[0].in, (unsigned long long)lin[j].in);
             return TPS_OK;
         }
-        if (!fused_heads(C, f, j, &ck->t[k], lin[j].out, &heads[j])) return TPS_OK;
+        /* the MLP's intermediate features, padded (--pad-intermediate) */
+        lin[j].pout = f->parts[j].rows && C->L->pad_field &&
+                              !strcmp(f->parts[j].rows, C->L->pad_field)
+                          ? padded(C, lin[j].out)
+                          : lin[j].out;
+        if (!fused_heads(C, f, j, &ck->t[k], lin[j].pout, &heads[j])) return TPS_OK;
     }
     for (size_t pi = 0; pi < m->nparts && pi < MAXP; pi++) {
         const tps_qpart *p = &m->parts[pi];
@@ -369,18 +495,20 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
         if (!name) return nomem(C);
         size_t es = tps_dtype_bits(t0->dtype) / 8;
         for (int r = 0; r < C->tp; r++) {
-            uint64_t lo[16], len[16], total = 0;
+            uint64_t lo[16], len[16], rl[16], total = 0;
             for (size_t j = 0; j < f->nparts; j++) {
                 const tps_ctensor *t = &ck->t[lin[j].t[pi]];
                 if (f->whole) {
                     lo[j] = 0;
                     len[j] = lin[j].out;
                 } else {
-                    tps_lc_part_rows(lin[j].out, heads[j], f->parts[j].replicate, C->tp, r, 1,
+                    tps_lc_part_rows(lin[j].pout, heads[j], f->parts[j].replicate, C->tp, r, 1,
                                      &lo[j], &len[j]);
                 }
-                if (!on_units(lo[j], len[j], ou)) {
-                    refuse_units(C, t, "output", lin[j].out, lo[j], len[j], ou, heads[j],
+                uint64_t real = lin[j].out;
+                rl[j] = lo[j] >= real ? 0 : lo[j] + len[j] <= real ? len[j] : real - lo[j];
+                if (!on_units(lo[j], len[j], ou) || rl[j] % ou) {
+                    refuse_units(C, t, "output", lin[j].pout, lo[j], len[j], ou, heads[j],
                                  f->parts[j].replicate, 0);
                     return TPS_OK;
                 }
@@ -391,18 +519,21 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
             shape[oax] = total;
             tps_rtensor *rt;
             TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));
-            uint64_t col = 0;
+            uint64_t col = 0, rowb = tps_lc_inner_bits(t0, 0) / 8;
             for (size_t j = 0; j < f->nparts; j++) {
                 size_t src = lin[j].t[pi];
-                uint64_t a = lo[j] / ou, b = (lo[j] + len[j]) / ou;
+                uint64_t a = lo[j] / ou, b = (lo[j] + rl[j]) / ou, pu = (len[j] - rl[j]) / ou;
                 if (oax == 0) {
-                    TPS_TRY(tps_lc_src_piece(C, rt, src, 0, a, b, col * tps_lc_inner_bits(t0, 0) / 8));
+                    if (b > a || !pu) TPS_TRY(tps_lc_src_piece(C, rt, src, 0, a, b, col * rowb));
+                    TPS_TRY(pad_piece(C, rt, p, pu * rowb, (col + b - a) * rowb, 0));
                 } else if (b - a == total) {
                     TPS_TRY(tps_lc_src_piece(C, rt, src, 1, a, b, 0));
-                } else if (b > a) {
-                    TPS_TRY(tps_lc_src_piece_run(C, rt, src, 1, a, b, col * es, (b - a) * es));
+                } else {
+                    if (b > a)
+                        TPS_TRY(tps_lc_src_piece_run(C, rt, src, 1, a, b, col * es, (b - a) * es));
+                    TPS_TRY(pad_piece(C, rt, p, t0->shape[0] * pu * es, (col + b - a) * es, pu * es));
                 }
-                col += b - a;
+                col += b - a + pu;
             }
         }
     }
@@ -425,6 +556,8 @@ tps_err tps_lc_compile_packed(cstate *C)
     const tps_ckpt *ck = C->ck;
     const tps_lspec *s = L->spec;
     if (!q || !q->m->weight_suffix || !s) return TPS_OK;
+    TPS_TRY(tps_lc_pad_setup(C));
+    if (C->why[0]) return TPS_OK;
     if (q->m->nparts > MAXP)
         return tps_fail(C->ctx, TPS_E_ARG, "quant_method %s: more parts than tpshard handles",
                         q->m->name);

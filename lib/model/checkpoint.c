@@ -284,6 +284,13 @@ static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_c
         }
     }
     TPS_CHECK(load_config(ctx, ck));
+    if (ck->pad_intermediate && ck->untie_config) {
+        /* the source tensors are the unpadded model's: the source's config describes them */
+        cJSON *cfg = cJSON_Parse(ck->untie_config);
+        TPS_FAIL_IF(!cfg, ctx, TPS_E_JSON, "%s: the manifest's source_config is not JSON", ck->path);
+        cJSON_Delete(ck->config);
+        ck->config = cfg;
+    }
 out:
     free(tmp);
     free(p);

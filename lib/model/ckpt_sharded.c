@@ -88,6 +88,15 @@ static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
             return tps_fail(ctx, TPS_E_JSON, "%s: source_config must be a string", mpath);
         if (sc && !(ck->untie_config = tps_strdup(sc->valuestring)))
             return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        /* --pad-intermediate: the source tensors are the unpadded model's,
+         * which the source's config describes */
+        const cJSON *pad = cJSON_GetObjectItemCaseSensitive(ck->manifest, "pad_intermediate");
+        if (pad) {
+            if (!cJSON_IsObject(pad) || !sc)
+                return tps_fail(ctx, TPS_E_JSON, "%s: pad_intermediate needs an object and the "
+                                "source_config", mpath);
+            ck->pad_intermediate = 1; /* tps_ckpt_open reads the source_config */
+        }
         return TPS_OK;
     }
     int hi = tps_ckpt_find(ck, h->valuestring), ei = tps_ckpt_find(ck, e->valuestring);

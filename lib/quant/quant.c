@@ -151,7 +151,8 @@ static const tps_qpart *part_of(const tps_qmethod *m, const char *name, size_t *
     for (size_t k = 0; k < (m ? 1 : tps_nqmethods); k++) {
         const tps_qmethod *mm = m ? m : tps_qmethods[k];
         for (size_t j = 0; j < mm->nparts; j++)
-            /* of any method: a weight part (NVFP4's ".weight") says nothing */
+            /* of any method: the tensors beside a weight, not the weight
+             * itself (NVFP4's is X.weight, as every unquantized one) */
             if ((m || mm->parts[j].role != TPS_QR_WEIGHT) &&
                 has_suffix(name, mm->parts[j].suffix, stem))
                 return &mm->parts[j];

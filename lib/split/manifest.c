@@ -235,6 +235,11 @@ static void mw_untie(const engine *E, FILE *f)
         mw_str(f, ck->config_text);
         fputs(",\n", f);
     }
+    const char *pf;
+    uint64_t pfrom, pto;
+    if (tps_layout_padding(E->L, &pf, &pfrom, &pto))
+        fprintf(f, "\"pad_intermediate\": {\"field\": \"%s\", \"from\": %llu, \"to\": %llu},\n", pf,
+                (unsigned long long)pfrom, (unsigned long long)pto);
     if (ck->untie_head) {
         /* --untie: the head is the embedding's bytes, and config.json was
          * rewritten; merge gives back this original config.json. */

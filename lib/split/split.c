@@ -79,7 +79,381 @@ static tps_err index_dests(engine *E)
 
 static int region_written(const engine *E, size_t g)
 {
-    return E->dest0[g + 1] > E->dest0[g];
+    return E->dest0[g + 1] > E->dest0[g] && !(E->fowned && E->fowned[g]);
+}
+
+/* ------------------------------------------------------------------ fused rank tensors */
+
+/* Piece p of rank tensor rt as runs: its first row, its column byte and
+ * the bytes of a run (a piece that is whole rows is one run a row). 0 when
+ * it is none of the kinds FUSED tasks assemble. */
+static int piece_runs(const engine *E, const tps_rtensor *rt, const tps_lpiece *p, uint64_t *r0,
+                      uint64_t *c0, uint64_t *run, uint64_t *nr)
+{
+    uint64_t stride = tps_rt_stride(rt);
+    if (!stride || p->xf) return 0;
+    *run = p->run ? p->run : stride;
+    if (!p->run && (p->at % stride || p->nbytes % stride)) return 0;
+    if (p->kind == TPS_PK_SRC) {
+        const tps_region *g = &E->L->regions[p->region];
+        uint64_t outer, row, s, l;
+        tps_region_geom(E->ck, g, &outer, &row, &s, &l);
+        if (E->ck->t[g->src].dtype != rt->dtype || (outer > 1 && l != *run) || l * outer != p->nbytes)
+            return 0;
+    }
+    *r0 = p->at / stride;
+    *c0 = p->at % stride;
+    *nr = *run ? p->nbytes / *run : 0;
+    return 1;
+}
+
+static int cmp_rt_name(const void *a, const void *b, void *E_)
+{
+    const engine *E = E_;
+    const tps_rtensor *x = &E->L->rt[*(const size_t *)a], *y = &E->L->rt[*(const size_t *)b];
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+/* Where region run k of piece p's region lies in its source: the byte of
+ * the first run a read of runs [k0, ...) starts at and the bytes a run
+ * takes in that read (the source row, or the run itself). */
+static void src_run(const engine *E, const tps_lpiece *p, uint64_t run, uint64_t k0,
+                    uint64_t *off, uint64_t *step, uint64_t *inrow)
+{
+    uint64_t outer, row, s, l;
+    tps_region_geom(E->ck, &E->L->regions[p->region], &outer, &row, &s, &l);
+    if (outer > 1) {
+        *off = k0 * row;
+        *step = row;
+        *inrow = s;
+    } else {
+        *off = s + k0 * run;
+        *step = run;
+        *inrow = 0;
+    }
+}
+
+/* The groups of strided rank tensors, the regions only they write, and
+ * their tasks. A group whose rank tensors or pieces do not fit the
+ * assembly (a row beyond a task's buffers, a widened or refined piece)
+ * stays with the tasks of its regions, which write runs one by one. */
+static tps_err plan_fused(engine *E)
+{
+    const tps_layout *L = E->L;
+    size_t *idx = tps_xmalloc((L->nrt ? L->nrt : 1) * sizeof *idx), n = 0;
+    unsigned char *in_group = tps_xcalloc(L->npieces ? L->npieces : 1, 1);
+    if (!idx || !in_group) {
+        free(idx);
+        free(in_group);
+        return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    }
+    for (size_t k = 0; k < L->nrt; k++) {
+        const tps_rtensor *rt = &L->rt[k];
+        if (!E->write[rt->rank] || E->slots[k].file < 0) continue;
+        int strided = 0;
+        for (size_t j = 0; j < rt->npieces && !strided; j++) strided = L->pieces[rt->piece0 + j].run != 0;
+        if (strided) idx[n++] = k;
+    }
+    qsort_r(idx, n, sizeof *idx, cmp_rt_name, E);
+    tps_err rc = TPS_OK;
+    for (size_t a = 0; a < n && !rc;) {
+        size_t b = a + 1;
+        while (b < n && !strcmp(L->rt[idx[b]].name, L->rt[idx[a]].name)) b++;
+        const tps_rtensor *r0t = &L->rt[idx[a]];
+        uint64_t rows = tps_rt_stride(r0t) ? r0t->nbytes / tps_rt_stride(r0t) : 0, sout = 0, sin = 0;
+        int ok = rows > 0;
+        for (size_t i = a; i < b && ok; i++) {
+            const tps_rtensor *rt = &L->rt[idx[i]];
+            uint64_t st = tps_rt_stride(rt);
+            ok = st && rt->nbytes / st == rows;
+            sout += st;
+            for (size_t j = 0; j < rt->npieces && ok; j++) {
+                const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+                uint64_t pr0, pc0, run, nr, off, step, inrow;
+                ok = piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+                if (ok && p->kind == TPS_PK_SRC) {
+                    src_run(E, p, run, 0, &off, &step, &inrow);
+                    if (step > sin) sin = step;
+                }
+            }
+        }
+        uint64_t per = ok ? CHUNK / (sout > sin ? sout : sin) : 0;
+        if (!per) {
+            a = b;
+            continue;
+        }
+        fgroup *ng = realloc(E->fg, (E->nfg + 1) * sizeof *ng);
+        if (!ng) {
+            rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+            break;
+        }
+        E->fg = ng;
+        fgroup *G = &E->fg[E->nfg];
+        G->n = b - a;
+        G->rows = rows;
+        G->rts = tps_xmalloc(G->n * sizeof *G->rts);
+        if (!G->rts) {
+            rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+            break;
+        }
+        memcpy(G->rts, idx + a, G->n * sizeof *G->rts);
+        E->nfg++;
+        for (size_t i = 0; i < G->n; i++) {
+            const tps_rtensor *rt = &L->rt[G->rts[i]];
+            for (size_t j = 0; j < rt->npieces; j++) in_group[rt->piece0 + j] = 1;
+        }
+        a = b;
+    }
+    /* a region only grouped rank tensors hold is theirs alone */
+    if (!rc && E->nfg) {
+        E->fowned = tps_xcalloc(L->nregions ? L->nregions : 1, 1);
+        if (!E->fowned) rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t g = 0; !rc && g < L->nregions; g++) {
+            int all = E->dest0[g + 1] > E->dest0[g];
+            for (size_t d = E->dest0[g]; d < E->dest0[g + 1] && all; d++) all = in_group[E->dests[d]];
+            E->fowned[g] = (unsigned char)all;
+        }
+    }
+    /* the tasks: rows [a, b) of every rank tensor of the group */
+    for (size_t gi = 0; !rc && gi < E->nfg; gi++) {
+        const fgroup *G = &E->fg[gi];
+        uint64_t sout = 0, sin = 0;
+        for (size_t i = 0; i < G->n; i++) {
+            const tps_rtensor *rt = &L->rt[G->rts[i]];
+            sout += tps_rt_stride(rt);
+            for (size_t j = 0; j < rt->npieces; j++) {
+                const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+                uint64_t pr0, pc0, run, nr, off, step, inrow;
+                if (p->kind != TPS_PK_SRC || !piece_runs(E, rt, p, &pr0, &pc0, &run, &nr)) continue;
+                src_run(E, p, run, 0, &off, &step, &inrow);
+                if (step > sin) sin = step;
+            }
+        }
+        uint64_t per = CHUNK / (sout > sin ? sout : sin);
+        for (uint64_t r = 0; !rc && r < G->rows; r += per) {
+            uint64_t e = r + per < G->rows ? r + per : G->rows;
+            size_t ncrc = 0;
+            for (size_t i = 0; i < G->n; i++) {
+                const tps_rtensor *rt = &L->rt[G->rts[i]];
+                for (size_t j = 0; j < rt->npieces; j++) {
+                    const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+                    uint64_t pr0, pc0, run, nr;
+                    if (p->kind == TPS_PK_SRC && E->fowned[p->region] &&
+                        L->regions[p->region].primary == rt->piece0 + j &&
+                        piece_runs(E, rt, p, &pr0, &pc0, &run, &nr) && pr0 < e && pr0 + nr > r)
+                        ncrc++;
+                }
+            }
+            rc = add_task(E, (task){.kind = TASK_FUSED, .g0 = gi, .ng = ncrc, .a = r, .b = e}, ncrc);
+            E->total += (e - r) * sout;
+        }
+    }
+    free(idx);
+    free(in_group);
+    return rc;
+}
+
+typedef struct {
+    size_t pi;      /* the piece */
+    size_t j;       /* its rank tensor's place in the group */
+    size_t src;     /* its source tensor (SIZE_MAX: zeros, a constant) */
+    size_t key;     /* what one read serves: the region (outer == 1) or the tensor */
+    size_t slot;    /* its CRC's place in the pool, or SIZE_MAX: not taken here */
+} fpiece;
+
+static int cmp_fpiece(const void *a, const void *b)
+{
+    const fpiece *x = a, *y = b;
+    if (x->src != y->src) return x->src < y->src ? -1 : 1;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return x->pi < y->pi ? -1 : x->pi > y->pi;
+}
+
+/* Bytes [off, off + len) of source tensor t for a FUSED task: a read-only
+ * mapping of them (under the split's mapping rules) or a pread into buf. A
+ * mapping is used inside a SIGBUS guard; a fault sets bus. */
+typedef struct {
+    const char *src;
+    char *map;
+    size_t mlen;
+    int bus;
+} fsrc;
+
+static tps_err fused_source(engine *E, size_t t, uint64_t off, size_t len, char *buf, fsrc *fs)
+{
+    int file;
+    uint64_t foff;
+    fs->src = buf;
+    fs->map = NULL;
+    fs->bus = 0;
+    if (E->map && len >= tps_split_map_min && tps_ckpt_locate(E->ck, t, off, len, &file, &foff)) {
+        uint64_t base = foff & ~(uint64_t)(E->page - 1);
+        size_t mlen = (size_t)(foff + len - base);
+        char *m = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd,
+                       (off_t)base);
+        if (m != MAP_FAILED) {
+            fs->map = m;
+            fs->mlen = mlen;
+            fs->src = m + (foff - base);
+            return TPS_OK;
+        }
+    }
+    return tps_ckpt_read(E->ctx, E->ck, t, off, buf, len);
+}
+
+static void fused_source_done(fsrc *fs)
+{
+    if (fs->map) munmap(fs->map, fs->mlen);
+    fs->map = NULL;
+}
+
+static tps_err fused_source_fault(engine *E, size_t t)
+{
+    tps_err rc = tps_ckpt_recheck(E->ctx, E->ck);
+    if (rc) return rc;
+    return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read tensor '%s' (SIGBUS under its mapping)",
+                    E->ck->path, E->ck->t[t].name);
+}
+
+/* Pieces P[k .. e) (one source read, at fs) copied into their rank
+ * tensors' blocks of `out`, their CRCs taken. */
+static void fused_copy(engine *E, const fgroup *G, const fpiece *P, size_t k, size_t e,
+                       uint64_t a, uint64_t b, uint64_t k0, const fsrc *fs, char *out,
+                       const uint64_t *ob)
+{
+    const tps_layout *L = E->L;
+    for (size_t m = k; m < e; m++) {
+        const tps_lpiece *p = &L->pieces[P[m].pi];
+        const tps_rtensor *rt = &L->rt[G->rts[P[m].j]];
+        uint64_t st = tps_rt_stride(rt), off2, step2, inrow2, pr0, pc0, run, nr;
+        piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+        src_run(E, p, run, k0, &off2, &step2, &inrow2);
+        uint64_t i0 = pr0 > a ? pr0 : a, i1 = pr0 + nr < b ? pr0 + nr : b;
+        uint32_t crc = 0;
+        for (uint64_t i = i0; i < i1; i++) {
+            const char *from = fs->src + (i - pr0 - k0) * step2 + inrow2;
+            memcpy(out + ob[P[m].j] + (i - a) * st + pc0, from, (size_t)run);
+            if (P[m].slot != SIZE_MAX) crc = (uint32_t)tps_crc32(crc, from, (size_t)run);
+        }
+        if (P[m].slot != SIZE_MAX) {
+            E->crcs[P[m].slot] = crc;
+            E->crclen[P[m].slot] = (i1 - i0) * run;
+        }
+    }
+}
+
+/* fused_copy reading a mapping inside a SIGBUS guard: 1 when a page of it
+ * faulted (the source changed under it). */
+static int fused_copy_guarded(engine *E, const fgroup *G, const fpiece *P, size_t k, size_t e,
+                              uint64_t a, uint64_t b, uint64_t k0, const fsrc *fs, char *out,
+                              const uint64_t *ob)
+{
+    if (!fs->map) {
+        fused_copy(E, G, P, k, e, a, b, k0, fs, out, ob);
+        return 0;
+    }
+    tps_guard gd = {.lo = fs->map, .hi = fs->map + fs->mlen};
+    if (sigsetjmp(gd.jb, 1)) return 1;
+    tps_guard_enter(&gd);
+    fused_copy(E, G, P, k, e, a, b, k0, fs, out, ob);
+    tps_guard_leave();
+    return 0;
+}
+
+/* A FUSED task: every rank tensor's rows [a, b) assembled in `out` (a
+ * block a rank tensor, back to back), each source's rows read once into
+ * `in`, then one write a rank tensor. */
+static tps_err run_fused(engine *E, const task *tk, char *in, char *out)
+{
+    const tps_layout *L = E->L;
+    const fgroup *G = &E->fg[tk->g0];
+    uint64_t a = tk->a, b = tk->b;
+    size_t np = 0;
+    for (size_t i = 0; i < G->n; i++) np += L->rt[G->rts[i]].npieces;
+    fpiece *P = tps_xmalloc((np ? np : 1) * sizeof *P);
+    uint64_t *ob = tps_xmalloc((G->n + 1) * sizeof *ob);
+    tps_err rc = P && ob ? TPS_OK : tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    size_t n = 0, c = 0;
+    if (ob) ob[0] = 0;
+    for (size_t i = 0; !rc && i < G->n; i++) {
+        const tps_rtensor *rt = &L->rt[G->rts[i]];
+        ob[i + 1] = ob[i] + (b - a) * tps_rt_stride(rt);
+        for (size_t j = 0; j < rt->npieces; j++) {
+            size_t pi = rt->piece0 + j;
+            const tps_lpiece *p = &L->pieces[pi];
+            uint64_t pr0, pc0, run, nr;
+            piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+            if (!(pr0 < b && pr0 + nr > a)) continue;
+            fpiece f = {.pi = pi, .j = i, .src = SIZE_MAX, .key = 0, .slot = SIZE_MAX};
+            if (p->kind == TPS_PK_SRC) {
+                const tps_region *g = &L->regions[p->region];
+                uint64_t outer, row, s, l;
+                tps_region_geom(E->ck, g, &outer, &row, &s, &l);
+                f.src = g->src;
+                f.key = outer > 1 ? SIZE_MAX : p->region;
+                /* the CRC's place, in the order plan_fused counted them */
+                if (E->fowned[p->region] && g->primary == pi) f.slot = tk->crc0 + c++;
+            }
+            P[n++] = f;
+        }
+    }
+    int zeros = 0;
+    for (size_t k = 0; k < n; k++) zeros |= L->pieces[P[k].pi].kind == TPS_PK_ZERO;
+    if (!rc && zeros) memset(out, 0, (size_t)ob[G->n]);
+    /* constants (zeros are the memset's) */
+    for (size_t k = 0; !rc && k < n; k++) {
+        const tps_lpiece *p = &L->pieces[P[k].pi];
+        if (p->kind != TPS_PK_CONST) continue;
+        const tps_rtensor *rt = &L->rt[G->rts[P[k].j]];
+        uint64_t pr0, pc0, run, nr, st = tps_rt_stride(rt);
+        piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+        unsigned char el[8];
+        size_t es = tps_dtype_bits(rt->dtype) / 8;
+        tps_encode_value(rt->dtype, p->value, el);
+        uint64_t i0 = pr0 > a ? pr0 : a, i1 = pr0 + nr < b ? pr0 + nr : b;
+        for (uint64_t i = i0; i < i1; i++)
+            for (uint64_t x = 0; x < run; x++)
+                out[ob[P[k].j] + (i - a) * st + pc0 + x] = (char)el[x % es];
+    }
+    /* the sources in turn, each one's rows read once for every piece it feeds */
+    if (!rc) qsort(P, n, sizeof *P, cmp_fpiece);
+    for (size_t k = 0; !rc && k < n;) {
+        if (P[k].src == SIZE_MAX) {
+            k++;
+            continue;
+        }
+        size_t e = k + 1;
+        while (e < n && P[e].src == P[k].src && P[e].key == P[k].key) e++;
+        /* the region runs [k0, k1) these pieces need */
+        uint64_t k0 = UINT64_MAX, k1 = 0, pr0, pc0, run, nr;
+        for (size_t m = k; m < e; m++) {
+            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+            uint64_t i0 = (pr0 > a ? pr0 : a) - pr0, i1 = (pr0 + nr < b ? pr0 + nr : b) - pr0;
+            if (i0 < k0) k0 = i0;
+            if (i1 > k1) k1 = i1;
+        }
+        uint64_t off, step, inrow;
+        piece_runs(E, &L->rt[G->rts[P[k].j]], &L->pieces[P[k].pi], &pr0, &pc0, &run, &nr);
+        src_run(E, &L->pieces[P[k].pi], run, k0, &off, &step, &inrow);
+        size_t len = (size_t)((k1 - k0) * step);
+        fsrc fs = {.src = in};
+        rc = fused_source(E, P[k].src, off, len, in, &fs);
+        if (!rc) fs.bus = fused_copy_guarded(E, G, P, k, e, a, b, k0, &fs, out, ob);
+        fused_source_done(&fs);
+        if (fs.bus) rc = fused_source_fault(E, P[k].src);
+        k = e;
+    }
+    for (size_t i = 0; !rc && i < G->n; i++) {
+        const tps_rtensor *rt = &L->rt[G->rts[i]];
+        const oslot *so = &E->slots[G->rts[i]];
+        const ofile *f = &E->files[so->file];
+        rc = tps_pwrite_full(E->ctx, f->fd, f->final, out + ob[i], (size_t)(ob[i + 1] - ob[i]),
+                             so->off + a * tps_rt_stride(rt));
+    }
+    free(P);
+    free(ob);
+    return rc;
 }
 
 /* A unit MULTI can take at region g: one small region that is one run of
@@ -115,6 +489,7 @@ static int multi_unit(const engine *E, size_t g, size_t *ng, uint64_t *len, int 
 static tps_err plan_tasks(engine *E)
 {
     const tps_layout *L = E->L;
+    TPS_TRY(plan_fused(E));
     for (size_t g = 0; g < L->nregions;) {
         const tps_region *rg = &L->regions[g];
         uint64_t outer, row, s, l;
@@ -248,6 +623,49 @@ static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, 
     return rc;
 }
 
+static void copy_runs(char *m, uint64_t base, uint64_t at, uint64_t run, uint64_t stride,
+                      const char *in, uint64_t off, size_t len)
+{
+    for (uint64_t x = off; x < off + len;) {
+        uint64_t k = x / run, w = x % run;
+        size_t n = (size_t)(run - w < off + len - x ? run - w : off + len - x);
+        memcpy(m + (at + k * stride + w - base), in, n);
+        in += n;
+        x += n;
+    }
+}
+
+/* Bytes [off, off + len) of strided piece p (its rank tensor at file
+ * offset slot_off) through a shared mapping of the span they land in;
+ * *done 0 when it cannot be mapped. A page the file system cannot give
+ * (full, quota) raises SIGBUS there: an error naming the file. */
+static tps_err write_runs_mapped(engine *E, const ofile *f, const tps_rtensor *rt,
+                                 const tps_lpiece *p, uint64_t stride, const char *in,
+                                 uint64_t off, size_t len, uint64_t slot_off, int *done)
+{
+    uint64_t at = slot_off + p->at, e = off + len - 1;
+    uint64_t d0 = at + (off / p->run) * stride + off % p->run;
+    uint64_t d1 = at + (e / p->run) * stride + e % p->run + 1;
+    uint64_t base = d0 & ~(uint64_t)(E->page - 1);
+    size_t mlen = (size_t)(d1 - base);
+    char *const m = mmap(NULL, mlen, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, f->fd,
+                         (off_t)base);
+    *done = 0;
+    if (m == MAP_FAILED) return TPS_OK;
+    tps_guard gd = {.lo = m, .hi = m + mlen};
+    if (sigsetjmp(gd.jb, 1)) {
+        munmap(m, mlen);
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot write tensor '%s': no space for its pages "
+                        "(SIGBUS under the output's mapping)", f->final, rt->name);
+    }
+    tps_guard_enter(&gd);
+    copy_runs(m, base, at, p->run, stride, in, off, len);
+    tps_guard_leave();
+    munmap(m, mlen);
+    *done = 1;
+    return TPS_OK;
+}
+
 /* Writes len bytes that start `off` bytes into piece pi's region. */
 static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, uint64_t off)
 {
@@ -258,12 +676,26 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
     if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
     if (p->run) {
-        /* concatenated along the last dim: one write per run */
+        /* concatenated along the last dim: its runs `stride` apart */
         if (rt->dtype != sd)
             return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a strided piece cannot be widened",
                             f->final, rt->name);
         uint64_t stride = tps_rt_stride(rt);
         const char *in = buf;
+        /* Many short runs: copied into a shared mapping of the rank file's
+         * span, a sub-chunk at a time (a write per run costs a syscall per
+         * 2 KiB of a fused GPTQ qweight; the threads' runs interleave but
+         * never overlap, and the page cache is one). Under the SIGBUS guard
+         * the source mappings hold (E->map). */
+        while (len >= (64u << 10) && p->run < (16u << 10) && E->map) {
+            size_t sub = len < SUB * 4 ? len : SUB * 4;
+            int done = 0;
+            TPS_TRY(write_runs_mapped(E, f, rt, p, stride, in, off, sub, s->off, &done));
+            if (!done) break; /* the writes below do it */
+            in += sub;
+            off += sub;
+            len -= sub;
+        }
         while (len) {
             uint64_t k = off / p->run, w = off % p->run;
             size_t n = (size_t)(p->run - w < len ? p->run - w : len);
@@ -541,6 +973,7 @@ static tps_err run_task(engine *E, const task *tk, char *in, char *out)
 {
     uint64_t off, len, foff;
     int file;
+    if (tk->kind == TASK_FUSED) return run_fused(E, tk, in, out);
     if (tk->kind == TASK_MULTI) {
         file = tk->file;
         foff = tk->src;
@@ -622,7 +1055,7 @@ static void run_all(engine *E)
             for (size_t k = 0; k < nsay; k++) {
                 uint64_t moved = tk->kind == TASK_MULTI ? E->crclen[tk->crc0 + k]
                                  : tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
-                if (tk->kind == TASK_ROWS)
+                if (tk->kind == TASK_ROWS || tk->kind == TASK_FUSED)
                     for (size_t j = 0; j < tk->ng; j++) moved += E->crclen[tk->crc0 + j];
                 size_t t = tk->kind == TASK_MULTI ? E->L->regions[tk->g0 + k].src : tk->t;
                 uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
@@ -643,8 +1076,31 @@ static void run_all(engine *E)
  * region order, each region's in order). */
 static void combine_crcs(engine *E)
 {
+    const tps_layout *L = E->L;
     for (size_t k = 0; k < E->ntasks; k++) {
         const task *tk = &E->tasks[k];
+        if (tk->kind == TASK_FUSED) {
+            /* its CRCs in the order run_fused took them: the group's rank
+             * tensors and pieces in turn, each primary of a region it owns */
+            const fgroup *G = &E->fg[tk->g0];
+            size_t c = tk->crc0;
+            for (size_t i = 0; i < G->n; i++) {
+                const tps_rtensor *rt = &L->rt[G->rts[i]];
+                for (size_t j = 0; j < rt->npieces; j++) {
+                    size_t pi = rt->piece0 + j;
+                    const tps_lpiece *p = &L->pieces[pi];
+                    uint64_t pr0, pc0, run, nr;
+                    piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+                    if (p->kind != TPS_PK_SRC || !(pr0 < tk->b && pr0 + nr > tk->a) ||
+                        !E->fowned[p->region] || L->regions[p->region].primary != pi)
+                        continue;
+                    E->region_crc[p->region] = (uint32_t)crc32_combine(
+                        E->region_crc[p->region], E->crcs[c], (z_off_t)E->crclen[c]);
+                    c++;
+                }
+            }
+            continue;
+        }
         for (size_t j = 0; j < tk->ng; j++) {
             size_t g = tk->g0 + j, c = tk->crc0 + j;
             if (tk->kind == TASK_ROWS && !region_written(E, g)) continue;
@@ -665,12 +1121,20 @@ static tps_err write_constants(engine *E)
         for (size_t j = 0; j < rt->npieces; j++) {
             const tps_lpiece *p = &L->pieces[rt->piece0 + j];
             if (p->kind != TPS_PK_CONST) continue;
-            unsigned char el[8];
+            unsigned char el[8], pat[4096];
             size_t es = tps_dtype_bits(rt->dtype) / 8;
             tps_encode_value(rt->dtype, p->value, el);
+            for (size_t b = 0; b < sizeof pat; b++) pat[b] = el[b % es];
             ofile *f = &E->files[E->slots[k].file];
-            for (uint64_t a = 0; a < p->nbytes; a += es)
-                TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, el, es, E->slots[k].off + p->at + a));
+            /* in runs `stride` apart (a pad piece beside other parts), or one */
+            uint64_t run = p->run ? p->run : p->nbytes, stride = p->run ? tps_rt_stride(rt) : 0;
+            for (uint64_t r0 = 0; run && r0 < p->nbytes; r0 += run) {
+                uint64_t at = E->slots[k].off + p->at + r0 / run * stride;
+                for (uint64_t a = 0; a < run; a += sizeof pat) {
+                    size_t n = (size_t)(run - a < sizeof pat ? run - a : sizeof pat);
+                    TPS_TRY(tps_pwrite_full(E->ctx, f->fd, f->final, pat, n, at + a));
+                }
+            }
         }
     }
     return TPS_OK;
@@ -872,7 +1336,7 @@ static tps_err write_headers(engine *E)
     tps_err rc = TPS_OK;
     for (size_t i = 0; i < E->nfiles; i++) {
         ofile *f = &E->files[i];
-        f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        f->fd = open(f->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
         char *hdr = NULL;
         size_t len = f->hdr_len;
@@ -912,6 +1376,9 @@ static void engine_free(engine *E, int failed)
     free(E->crcs);
     free(E->crclen);
     free(E->config_written);
+    for (size_t i = 0; i < E->nfg; i++) free(E->fg[i].rts);
+    free(E->fg);
+    free(E->fowned);
     cJSON_Delete(E->prev);
 }
 
@@ -1015,6 +1482,33 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (E.config_written)
         E.config_why = "quantization_config names the quantized modules, which the engine "
                        "cannot find in rank files (fused names)";
+    const char *pf;
+    uint64_t pfrom, pto;
+    if (tps_layout_padding(L, &pf, &pfrom, &pto)) {
+        /* --pad-intermediate: the engine builds the padded model */
+        const char *base = E.config_written ? E.config_written
+                           : ck->config_out ? ck->config_out : ck->config_text;
+        cJSON *cfg = base ? cJSON_Parse(base) : NULL;
+        cJSON *where = cfg;
+        if (cfg && !cJSON_GetObjectItemCaseSensitive(cfg, pf) &&
+            cJSON_IsObject(cJSON_GetObjectItemCaseSensitive(cfg, "text_config")))
+            where = cJSON_GetObjectItemCaseSensitive(cfg, "text_config");
+        char *text = NULL;
+        if (where) {
+            cJSON_DeleteItemFromObjectCaseSensitive(where, pf);
+            cJSON_AddNumberToObject(where, pf, (double)pto);
+            char *t = cJSON_Print(cfg);
+            text = t ? tps_asprintf("%s\n", t) : NULL;
+            free(t);
+        }
+        cJSON_Delete(cfg);
+        TPS_FAIL_IF(!text, ctx, TPS_E_NOMEM, "out of memory");
+        free(E.config_written);
+        E.config_written = text;
+        E.config_why = E.config_why ? "the quantized modules named, and --pad-intermediate's "
+                                      "size of the MLP"
+                                    : "--pad-intermediate: the MLP's padded size";
+    }
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
                                 E.config_written ? E.config_written : ck->config_out));
     TPS_CHECK(tps_sp_record_manifest(&E, o,

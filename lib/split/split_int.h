@@ -24,9 +24,22 @@ typedef struct {
     uint64_t off;
 } oslot;
 
-typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2 } task_kind;
+typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2, TASK_FUSED = 3 } task_kind;
 
-/* CONTIG: bytes [a, b) of one region, which are one run of its source
+/* Rank tensors of one name whose pieces are strided (concatenated along
+ * their last dim: vLLM's fused GPTQ qweight), every rank's: written by
+ * FUSED tasks, rows [a, b) of all of them at a time, each assembled in
+ * memory from its parts' source rows (read once for every rank) and
+ * written in one run. */
+typedef struct {
+    size_t *rts;     /* rank tensors, by rank */
+    size_t n;
+    uint64_t rows;   /* rows of each (bytes / its stride) */
+} fgroup;
+
+/* FUSED: rows [a, b) of the rank tensors of group g0 (ng CRCs: those of
+ * the primary pieces of regions only it writes, in the group's order).
+ * CONTIG: bytes [a, b) of one region, which are one run of its source
  * tensor starting at byte `src`. ROWS: outer rows [a, b) of a source tensor
  * whose regions g0 .. g0 + ng (consecutive, same tensor and dim) are strided
  * slices of each row. MULTI: regions g0 .. g0 + ng of small tensors lying
@@ -78,6 +91,9 @@ typedef struct {
      * source's (--untie, a packed method's module list), or NULL */
     char *config_written;
     const char *config_why; /* why, for the manifest */
+    fgroup *fg;      /* FUSED tasks' groups */
+    size_t nfg;
+    unsigned char *fowned; /* [region]: only FUSED tasks write it (and take its CRC) */
 } engine;
 
 /* manifest.c: DIR/tpshard.json, written whole under a temporary name and

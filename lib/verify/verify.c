@@ -134,7 +134,7 @@ static tps_err expect_layout(vctx *V)
         TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
                                  strlen(ck->plan_text), &V->plan));
     TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
-                                     ck->stage_layers, st, &V->lay));
+                                     ck->stage_layers, ck->pad_intermediate, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);

@@ -233,10 +233,12 @@ static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
             /* vLLM's refined scale grid: replicas of block columns that
              * overlap the primaries' are compared with them here (the
              * primaries with the source below), then left out of the slots */
-            int refined = 1;
-            for (int k = 0; k < ct->nreplicas && refined; k++) refined = ct->replicas[k].rep_n != 0;
-            if (!refined) {
-                u->pre = tps_asprintf("replicas along dim %d are not verified", u->dim);
+            /* so are the copies of whole KV heads cut along dim 1 ([in, out]
+             * GPTQ/AWQ k_proj): each must hold the primaries' bytes of its
+             * rows, which the primaries' own checks tie to the source */
+            if (ct->ndim != 2) {
+                u->pre = tps_asprintf("replicas along dim %d of a %d-D tensor are not verified",
+                                      u->dim, ct->ndim);
                 return 1;
             }
             for (int k = 0; k < ct->nreplicas; k++) {
@@ -328,7 +330,7 @@ static int unit_check_pieces(const vctx *V, vunit *u, const ugeom *g)
         if (p < 0) continue;
         const tps_piece *pc = tps_va_slot_piece(u, r);
         uint64_t want = ct->nbytes;
-        if (r >= V->tp && pc->rep_n && u->dim != 0) continue; /* compared in placement */
+        if (r >= V->tp && u->dim != 0) continue; /* replicas along dim 1: compared in placement */
         if (u->dim >= 0) {
             if (pc->lo != u->lo[r] || pc->hi != u->lo[r] + u->len[r]) {
                 u->pre = tps_asprintf("rank %d holds [%llu, %llu) along dim %d, torch.chunk gives "

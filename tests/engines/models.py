@@ -255,8 +255,6 @@ MODELS = {
                                                        hd=64),
     "llama-gptq-ch": lambda out: packed_oracle.build(out, "gptq", H=256, I=512, heads=4, kv=2,
                                                      hd=64, group=-1, desc_act=True),
-    "llama-gptq-8bit-g64": lambda out: packed_oracle.build(out, "gptq", H=256, I=512, heads=8,
-                                                           kv=2, hd=32, bits=8, group=64),
     "qwen2-gptq-g32": lambda out: packed_oracle.build(out, "gptq", family="qwen2", H=128, I=256,
                                                       heads=4, kv=2, hd=32, group=32),
     "llama-awq-g128": lambda out: packed_oracle.build(out, "awq", H=512, I=1024, heads=8, kv=2,
@@ -271,6 +269,11 @@ MODELS = {
                                                    hd=64),
     "llama-ct-nvfp4": lambda out: packed_oracle.build(out, "ct-nvfp4", H=256, I=512, heads=4,
                                                       kv=2, hd=64),
+    # packed experts (Kimi-K2 style: experts W4A16, the rest BF16); H 128 for Marlin's MoE
+    "qwen3_moe-ct-w4a16": lambda out: packed_oracle.build_moe(out, "ct", E=4, H=128, I=256,
+                                                              group=32),
+    "qwen3_moe-gptq": lambda out: packed_oracle.build_moe(out, "gptq", E=4, H=128, I=256,
+                                                          group=32),
     # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
     # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
     # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven

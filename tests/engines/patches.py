@@ -23,28 +23,27 @@ def apply_vllm():
               "layer refuses to be built; the kernel only runs at forward and in "
               "process_weights_after_loading, neither of which the oracle runs, and "
               "the parameters are created by Fp8LinearMethod.create_weights whatever the kernel")
-    apply_vllm_marlin_capability()
+    apply_vllm_nvfp4_kernel()
 
 
-def apply_vllm_marlin_capability():
-    """Marlin's type check (8-bit GPTQ codes) as on a Hopper GPU."""
-    from vllm.model_executor.layers.quantization.utils import marlin_utils
+def apply_vllm_nvfp4_kernel():
+    """NVFP4 linears on this CPU: the emulation kernel, which vLLM lists for CUDA only."""
+    from vllm.model_executor.kernels.linear import NvFp4LinearLayerConfig
+    from vllm.model_executor.kernels.linear.nvfp4.emulation import EmulationNvFp4LinearKernel
+    from vllm.model_executor.layers.quantization import modelopt
+    from vllm.model_executor.layers.quantization.compressed_tensors.schemes import (
+        compressed_tensors_w4a4_nvfp4 as ct_nvfp4)
 
-    orig = marlin_utils._check_marlin_supported
-
-    def as_sm90(quant_type, group_size, has_zp, device_capability=None):
-        plat = marlin_utils.current_platform
-        plat.is_cpu = lambda: False  # only while the type list is read
-        try:
-            return orig(quant_type, group_size, has_zp, 90)
-        finally:
-            del plat.is_cpu
-    marlin_utils._check_marlin_supported = as_sm90
-    _note("vllm", "model_executor/layers/quantization/utils/marlin_utils.py _check_marlin_supported",
-          "asks as on a Hopper GPU (capability 90, not the CPU platform's list): on a CPU "
-          "query_marlin_supported_quant_types lists only 4-bit codes, so AutoGPTQLinearMethod "
-          "refuses 8-bit GPTQ before creating its parameters; the check only selects the kernel "
-          "that runs at forward and in process_weights_after_loading")
+    def emulation(use_a16=False):
+        return EmulationNvFp4LinearKernel(NvFp4LinearLayerConfig())
+    modelopt.init_nvfp4_linear_kernel = emulation
+    ct_nvfp4.init_nvfp4_linear_kernel = emulation
+    _note("vllm", "kernels/linear/__init__.py init_nvfp4_linear_kernel (as modelopt.py and "
+          "compressed_tensors_w4a4_nvfp4.py import it)",
+          "returns EmulationNvFp4LinearKernel: the CPU platform lists no NVFP4 GEMM, so the "
+          "linear refuses to be built; the kernel runs at forward and in "
+          "process_weights_after_loading only, and the parameters are created by "
+          "create_weights whatever the kernel")
 
 
 def _kernel_stub(module, names, why_engine, where, why):

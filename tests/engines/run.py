@@ -73,13 +73,16 @@ CASES = [
     # packed integer methods, vLLM (tp 4: KV heads replicated)
     (V, "llama-gptq-g128", "gptq", 2, 1), (V, "llama-gptq-g128", "gptq", 4, 1),
     (V, "llama-gptq-ch", "gptq", 2, 1), (V, "llama-gptq-ch", "gptq", 4, 1),
-    (V, "llama-gptq-8bit-g64", "gptq", 2, 1),
+    # (8-bit GPTQ: vLLM's CPU build has no 8-bit WNA16 kernel to build the layer with;
+    # tests/py/test_packed.py covers its layout)
     (V, "qwen2-gptq-g32", "gptq", 2, 1), (V, "qwen2-gptq-g32", "gptq", 4, 1),
     (V, "llama-awq-g128", "awq", 2, 1), (V, "llama-awq-g128", "awq", 4, 1),
     (V, "llama-ct-w4a16", "ct-w4a16", 2, 1), (V, "llama-ct-w4a16", "ct-w4a16", 8, 1),
     (V, "qwen2-ct-w4a16-asym", "ct-w4a16", 2, 1),
     (V, "llama-nvfp4", "nvfp4", 2, 1), (V, "llama-nvfp4", "nvfp4", 4, 1),
     (V, "llama-ct-nvfp4", "ct-nvfp4", 2, 1),
+    (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 2, 1), (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 4, 1),
+    (V, "qwen3_moe-gptq", "gptq", 2, 1),
     # SGLang
     (S, "llama", "bf16", 2, 1), (S, "llama", "bf16", 4, 1),
     (S, "qwen2", "bf16", 2, 1), (S, "qwen3-tied", "bf16", 2, 1), (S, "mistral", "bf16", 2, 1),

@@ -248,7 +248,34 @@ def _method(qc):
     return "nvfp4" if m == "modelopt" else m
 
 
-def expected_ranks(d, tp):
+def _zero_word(method, kind, bits):
+    """A word of codes that dequantize to 0 in vLLM: GPTQ's and symmetric
+    compressed-tensors' codes are biased by 2^(bits-1) (uint4b8); GPTQ's
+    stored zero points are that minus one; the rest zero bytes."""
+    if method not in ("gptq", "ct-sym") or kind not in ("w", "z") or (kind == "z" and method != "gptq"):
+        return 0
+    code = (1 << (bits - 1)) - (1 if kind == "z" else 0)
+    w = 0
+    for k in range(0, 32, bits):
+        w |= code << k
+    return w
+
+
+def padded_size(I, tp, parts):
+    """The smallest n >= I whose split at tp puts every rank's gate/up output
+    features and down input features on whole units of every part."""
+    n = I
+    while True:
+        ok = n % tp == 0
+        for _, _, ou, iu, kind in parts:
+            if kind in ("w", "s", "z"):
+                ok = ok and (n // tp) % ou == 0 and (iu == 0 or (n // tp) % iu == 0)
+        if ok:
+            return n
+        n += 1
+
+
+def expected_ranks(d, tp, pad=False):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
     src = _st_read(os.path.join(d, "model.safetensors"))
@@ -276,9 +303,10 @@ def expected_ranks(d, tp):
     if not (kv % tp == 0 or (kv < tp and tp % kv == 0)):
         raise Refused("kv heads", "num_key_value_heads")
     parts = _parts(method, pf, group)
+    md = "BF16" if cfg.get("torch_dtype", cfg.get("dtype")) == "bfloat16" else "F16"
     if method in ("gptq", "awq", "ct"):  # scales in the model's dtype (params_dtype)
         for n, (dt, _, _) in src.items():
-            if n.endswith("." + parts[1][0]) and dt != "F16":
+            if n.endswith("." + parts[1][0]) and dt != md:
                 raise Refused("scales not in the model's dtype", n)
     one = lambda v: _t(np.array(v, np.float32), "F32")  # noqa: E731
     extras = {"_k_scale": one(1.0), "_v_scale": one(1.0), "_q_scale": one(1.0), "_prob_scale": one(1.0)}
@@ -299,7 +327,7 @@ def expected_ranks(d, tp):
             hi = min((r + 1) * per, V)
             x = np.zeros((per, a.shape[1]), a.dtype)
             x[:hi - lo] = a[lo:hi]
-            out[n] = _t(x, "F16")
+            out[n] = _t(x, src[n][0])
         out["model.norm.weight"] = src["model.norm.weight"]
         for i in range(layers):
             p = f"model.layers.{i}."
@@ -312,7 +340,8 @@ def expected_ranks(d, tp):
             q_lo, q_n = r * heads // tp * hd, heads // tp * hd
             k_lo, k_n = (kvr * hd, hd) if kvr is not None else (r * kv // tp * hd, kv // tp * hd)
             inter = cfg["intermediate_size"]
-            g_lo, g_n = _span(inter, tp, r, "output", p + "mlp.gate_proj")
+            pinter = padded_size(inter, tp, parts) if pad else inter
+            g_lo, g_n = _span(pinter, tp, r, "output", p + "mlp.gate_proj")
             fused = {
                 "self_attn.qkv_proj": [("self_attn.q_proj", q_lo, q_n), ("self_attn.k_proj", k_lo, k_n),
                                        ("self_attn.v_proj", k_lo, k_n)],
@@ -335,16 +364,27 @@ def expected_ranks(d, tp):
                         if lo % ou or n % ou:
                             raise Refused(f"{mod}.{suf}: a rank's output features [{lo}, {lo + n}) "
                                           f"are not whole packed words", name, "packed words")
+                        real = src[name][1][oax] * ou
+                        rn = max(0, min(lo + n, real) - lo)
                         sl = [slice(None)] * 2
-                        sl[oax] = slice(lo // ou, (lo + n) // ou)
-                        cut.append(_cut(src[name], sl))
+                        sl[oax] = slice(lo // ou, (lo + rn) // ou)
+                        piece = _cut(src[name], sl)
+                        if rn < n:  # --pad-intermediate: zeros that dequantize to 0
+                            piece = _pad(piece, oax, (n - rn) // ou,
+                                         _zero_word("gptq" if method == "gptq" else
+                                                    "ct-sym" if method == "ct" and "weight_zero_point" not in
+                                                    "".join(src) else method, kind, bits))
+                        cut.append(piece)
                     out[f"{p}{into}.{suf}"] = _cat(cut, oax)
                 if f"{p}{mods[0][0]}.bias" in src:
                     out[f"{p}{into}.bias"] = _t(np.concatenate(
-                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in mods]), "F16")
+                        [_arr(src[f"{p}{mod}.bias"])[lo:lo + n] for mod, lo, n in mods]),
+                        src[f"{p}{mods[0][0]}.bias"][0])
             # row-parallel: the rank's input features
-            for mod, n_in in (("self_attn.o_proj", heads * hd), ("mlp.down_proj", inter)):
+            for mod, n_in in (("self_attn.o_proj", heads * hd), ("mlp.down_proj", pinter)):
                 lo, n = _span(n_in, tp, r, "input", f"{p}{mod}")
+                real_in = inter if mod == "mlp.down_proj" else n_in
+                rn = max(0, min(lo + n, real_in) - lo)
                 for suf, oax, ou, iu, kind in parts:
                     name = f"{p}{mod}.{suf}"
                     if name not in src:
@@ -364,8 +404,14 @@ def expected_ranks(d, tp):
                                       f"{'groups' if kind != 'w' else 'words'}",
                                       "groups" if kind != "w" else "packed words", "input features")
                     sl = [slice(None)] * 2
-                    sl[1 - oax] = slice(lo // iu, (lo + n) // iu)
-                    out[name] = _cut(src[name], sl)
+                    sl[1 - oax] = slice(lo // iu, (lo + rn) // iu)
+                    piece = _cut(src[name], sl)
+                    if rn < n:
+                        piece = _pad(piece, 1 - oax, (n - rn) // iu,
+                                     _zero_word("gptq" if method == "gptq" else
+                                                "ct-sym" if method == "ct" and "weight_zero_point" not in
+                                                "".join(src) else method, kind, bits))
+                    out[name] = piece
         ranks.append(out)
     return ranks
 
@@ -437,6 +483,10 @@ def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, grou
             out[stem + ".qweight"] = words(n_in // pf, n_out)
             out[stem + ".scales"] = bf16s(g, n_out)
             out[stem + ".qzeros"] = words(g, n_out // pf)
+        elif method == "awq":
+            out[stem + ".qweight"] = words(n_in, n_out // pf)
+            out[stem + ".scales"] = bf16s(g, n_out)
+            out[stem + ".qzeros"] = words(g, n_out // pf)
         elif method == "ct":
             out[stem + ".weight_packed"] = words(n_out, n_in // pf)
             out[stem + ".weight_scale"] = bf16s(n_out, g)
@@ -454,6 +504,9 @@ def build_moe(d, method, E=4, H=128, I=256, heads=4, kv=2, hd=32, layers=2, grou
     if method == "gptq":
         qc = {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": True,
               "desc_act": False}
+    elif method == "awq":
+        qc = {"quant_method": "awq", "bits": 4, "group_size": group, "zero_point": True,
+              "version": "gemm"}
     elif method == "ct":
         qc = {"quant_method": "compressed-tensors", "format": "pack-quantized",
               "ignore": ["lm_head", "re:.*self_attn.*", "re:.*mlp.gate$"],
@@ -598,3 +651,30 @@ def moe_expected_config(d):
         qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
                                                     if n.endswith(".qweight"))
     return cfg
+
+
+def _pad(t, axis, n, word):
+    """t with n more elements along axis, each the 32-bit word (I32 parts) or zero bytes."""
+    d, sh, b = t
+    es = {"I32": 4, "F16": 2, "BF16": 2, "U8": 1, "F8_E4M3": 1, "I64": 8, "F32": 4}[d]
+    a = np.frombuffer(b, dtype=np.dtype(f"V{es}")).reshape(sh)
+    psh = list(sh)
+    psh[axis] = n
+    if d == "I32":
+        z = np.full(psh, np.uint32(word), dtype=np.uint32).view(np.dtype("V4"))
+    else:
+        z = np.zeros(psh, dtype=np.dtype(f"V{es}"))
+    a = np.concatenate([a, z], axis=axis)
+    return (d, list(a.shape), a.tobytes())
+
+
+def gptq_dequant(qweight, scales, bits=4, group=32):
+    """W [out, in] in float64 of a GPTQ linear as vLLM's symmetric kernels read
+    it: codes biased by 2^(bits-1) (uint4b8), the stored zero points unused."""
+    q = _arr(qweight).view(np.uint32)
+    pf = 32 // bits
+    codes = np.stack([(q >> (bits * k)) & ((1 << bits) - 1) for k in range(pf)], axis=1)
+    codes = codes.reshape(q.shape[0] * pf, q.shape[1]).astype(np.float64)  # [in, out]
+    sc = _arr(scales).astype(np.float64)  # [groups, out]
+    g = np.arange(codes.shape[0]) // group if sc.shape[0] > 1 else np.zeros(codes.shape[0], int)
+    return ((codes - (1 << (bits - 1))) * sc[g]).T

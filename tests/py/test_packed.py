@@ -18,6 +18,8 @@ Run with build/venv/bin/python; env TPSHARD, TOP, TPS_TMP.
 import glob
 import json
 import os
+
+import numpy as np
 import shutil
 import subprocess
 import sys
@@ -154,6 +156,7 @@ MOE = {
     "moe-ct-asym-ch": ("ct", {"sym": False, "group": -1}),
     "moe-gptq-g32": ("gptq", {}),
     "moe-nvfp4": ("nvfp4", {}),
+    "moe-awq-g32": ("awq", {}),
     # experts of 96 rows, groups of 32: tp 2 gives down_proj 48 input features
     "moe-ct-i96": ("ct", {"I": 96, "E": 8}),
 }
@@ -202,6 +205,141 @@ def moe_case(name, tp, ep=False, full=False):
            f"left out, byte for byte, and names those", "\n".join(bad[:10]) + se[-300:])
 
 
+PAD = {
+    "pad-gptq-i224": ("gptq", {"I": 224, "group": 32}),
+    # Qwen2-72B's shape scaled down: 231 groups of intermediate features
+    "pad-gptq-qwen72b": ("gptq", {"I": 231 * 32, "group": 32, "layers": 1, "family": "qwen2",
+                                  "heads": 8, "kv": 8, "hd": 32, "H": 256}),
+    "pad-ct-i224": ("ct", {"I": 224, "group": 32}),
+    "pad-awq-i224": ("awq", {"I": 224, "group": 32}),
+}
+
+
+def mlp_out(x, gate, up, down):
+    g = x @ gate.T
+    return ((g / (1 + np.exp(-g))) * (x @ up.T)) @ down.T
+
+
+def pad_case(name, tp):
+    """--pad-intermediate: the oracle's padded rank files, the padded size in
+    config.json, check/verify/merge, and (GPTQ) the padded MLP's outputs,
+    dequantized by the oracle on every rank and summed, equal the unpadded
+    model's."""
+    method, kw = PAD[name]
+    m = os.path.join(TMP, "m-" + name)
+    if not os.path.exists(os.path.join(m, "config.json")):
+        po.build(m, method, **kw)
+    label = f"packed vllm {name} tp {tp} --pad-intermediate"
+    out = os.path.join(TMP, f"o-{name}-{tp}")
+    rc, so, se = tps("split", m, "--tp", tp, "-o", out + "-plain", "-q", "--layout", "vllm")
+    refused = rc == 1 and ("groups" in se or "packed words" in se)
+    rc2, so2, _ = tps("plan", m, "--tp", tp, "--layout", "vllm")
+    report(refused and "--pad-intermediate" in so2, f"{label}: without it the split is refused "
+           "and plan suggests the padding", f"rc {rc}\n{se[-400:]}\n{so2[-600:]}")
+    rc, so, se = tps("split", m, "--tp", tp, "-o", out, "-q", "--layout", "vllm", "--pad-intermediate")
+    if rc:
+        report(False, f"{label}: split", f"rc {rc}\n{se}")
+        return
+    want = po.expected_ranks(m, tp, pad=True)
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, tp)
+                if not x.startswith("config.json differs")]
+    with open(os.path.join(m, "config.json")) as f:
+        cfg = json.load(f)
+    want_cfg = po.expected_config(m)
+    parts = po._parts(po._method(cfg["quantization_config"]), 8, kw.get("group", 128))
+    want_cfg["intermediate_size"] = po.padded_size(cfg["intermediate_size"], tp, parts)
+    with open(os.path.join(out, "config.json")) as f:
+        got_cfg = json.load(f)
+    if got_cfg != want_cfg:
+        problems.append(f"config.json: intermediate_size {got_cfg.get('intermediate_size')}, "
+                        f"expected {want_cfg['intermediate_size']}")
+    report(not problems, f"{label}: every rank file holds exactly the oracle's padded tensors "
+           f"(intermediate_size {cfg['intermediate_size']} -> {want_cfg['intermediate_size']})",
+           "\n".join(problems[:20]))
+    rc, so, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes (the padding is the constants the manifest says)",
+           f"rc {rc}\n{se}{so}")
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", f"rc {rc}\n{se}{so[-1200:]}")
+    merged = out + "-merged"
+    rc, so, se = tps("merge", out, "-o", merged)
+    src, got = sources(m), sources(merged) if rc == 0 else {}
+    bad = [n for n in src if n not in po.dropped(m) and src[n] != got.get(n)]
+    with open(os.path.join(merged, "config.json"), "rb") as f, open(os.path.join(m, "config.json"), "rb") as g:
+        if f.read() != g.read():
+            bad.append("config.json")
+    report(rc == 0 and not bad, f"{label}: merge gives back the unpadded source and its config",
+           f"rc {rc} {bad[:5]}\n{se[-300:]}")
+    if method != "gptq":
+        return
+    ranks, _ = ranktest.read_rank_files(out, tp)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((3, cfg["hidden_size"]))
+    worst = 0.0
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}.mlp."
+        full = mlp_out(x, *(po.gptq_dequant(src[p + f"{mod}.qweight"], src[p + f"{mod}.scales"],
+                                            group=kw["group"]) for mod in ("gate_proj", "up_proj", "down_proj")))
+        y = np.zeros_like(full)
+        for r in range(tp):
+            gu = po.gptq_dequant(ranks[r][p + "gate_up_proj.qweight"], ranks[r][p + "gate_up_proj.scales"],
+                                 group=kw["group"])
+            h = gu.shape[0] // 2
+            dn = po.gptq_dequant(ranks[r][p + "down_proj.qweight"], ranks[r][p + "down_proj.scales"],
+                                 group=kw["group"])
+            y += mlp_out(x, gu[:h], gu[h:], dn)
+        worst = max(worst, float(np.max(np.abs(y - full)) / (np.max(np.abs(full)) or 1)))
+    report(worst < 1e-9, f"{label}: the padded MLP's outputs, summed over the {tp} ranks, equal "
+           f"the unpadded model's (max relative difference {worst:.1e})")
+
+
+def big_gptq():
+    """A GPTQ LLaMA of 40 MB (bench/gen_llama.c, BF16 scales) at tp 8: runs of
+    1 KiB in fused qweights long enough for the writer's mapped path; the rank
+    files are the oracle's, check and verify pass."""
+    gen = os.path.join(os.environ.get("TOP", "."), "build", "gen_llama")
+    m = os.path.join(TMP, "m-big-gptq")
+    subprocess.run([gen, m, "--size", "64M", "--gptq", "--intermediate", "6144", "--vocab",
+                    "4096", "-q"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = os.path.join(TMP, "o-big-gptq")
+    rc, so, se = tps("split", m, "--tp", 8, "-o", out, "-q", "--layout", "vllm")
+    if rc:
+        report(False, "packed vllm gen_llama --gptq tp 8: split", f"rc {rc}\n{se}")
+        return
+    want = po.expected_ranks(m, 8)
+    problems = [x for x in ranktest.rank_file_problems(out, m, want, 8)
+                if not x.startswith("config.json differs")]
+    report(not problems, "packed vllm gen_llama --gptq (40 MB) tp 8: every rank file holds "
+           "exactly the oracle's tensors (the mapped writes of strided pieces)", "\n".join(problems[:10]))
+    rc, so, se = tps("check", out)
+    report(rc == 0, "packed vllm gen_llama --gptq tp 8: check passes", f"rc {rc}\n{se}")
+
+
+def working_tps():
+    """plan --json's working_tp: every tp the oracle accepts, no other."""
+    for name in ("gptq-g128", "gptq-i384", "ct-asym-hd4", "nvfp4-i224", "awq-ch", "ct-g128",
+                 "gptq-g32-qwen2", "nvfp4"):
+        m = model(name)
+        with open(os.path.join(m, "config.json")) as f:
+            heads = json.load(f)["num_attention_heads"]
+        want = []
+        for tp in range(1, 65):
+            if heads % tp:
+                continue
+            try:
+                po.expected_ranks(m, tp)
+                want.append(tp)
+            except po.Refused:
+                pass
+        rc, so, se = tps("plan", m, "--tp", 1, "--layout", "vllm", "--json")
+        try:
+            got = json.loads(so).get("working_tp")
+        except ValueError:
+            got = None
+        report(got == want, f"packed: plan --json of {name} lists the tp values every rule "
+               f"allows: {want}", f"got {got}\n{se}")
+
+
 def layout_refusals():
     m = model("gptq-g128")
     for layout, word in (("dtensor", "no DTensor consumer loads packed weights"),
@@ -247,10 +385,12 @@ def main():
                                                    ("ct-asym-g32", 4), ("ct-ch", 2), ("nvfp4", 2),
                                                    ("ct-nvfp4", 4)})
     for name, tps_ in (("moe-ct-g32", (1, 2, 4)), ("moe-ct-asym-ch", (2, 4)),
-                       ("moe-gptq-g32", (2, 4)), ("moe-nvfp4", (2, 4)), ("moe-ct-i96", (1, 2))):
+                       ("moe-gptq-g32", (2, 4)), ("moe-nvfp4", (2, 4)), ("moe-ct-i96", (1, 2)),
+                       ("moe-awq-g32", (2, 4))):
         for tp in tps_:
             moe_case(name, tp, full=(name, tp) in {("moe-ct-g32", 2), ("moe-gptq-g32", 4),
-                                                   ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4)})
+                                                   ("moe-nvfp4", 2), ("moe-ct-asym-ch", 4),
+                                                   ("moe-awq-g32", 4)})
     moe_case("moe-ct-g32", 2, ep=True)
     moe_case("moe-ct-i96", 4, ep=True)
     m = os.path.join(TMP, "m-moe-nvfp4")
@@ -259,6 +399,11 @@ def main():
     problems = ranktest.refusal_problems(rc, se, out, "use_global_sf", "NVFP4 experts under --ep")
     report(not problems, "packed vllm moe-nvfp4 tp 2 --ep: refused (the input scales' expert "
            "count depends on the GPU backend)", "\n".join(problems) + "\n" + se)
+    for name, tp in (("pad-gptq-i224", 2), ("pad-gptq-i224", 4), ("pad-gptq-qwen72b", 8),
+                     ("pad-ct-i224", 2), ("pad-awq-i224", 4)):
+        pad_case(name, tp)
+    big_gptq()
+    working_tps()
     layout_refusals()
     bad_inputs()
     sys.exit(1 if ranktest.fails() else 0)
