@@ -623,6 +623,12 @@ typedef struct {
     char *heads;   /* config field counting its heads, or NULL: split by rows */
     int replicate; /* fewer heads than ranks: whole heads replicated (else refused) */
     char *rows;    /* config field counting its rows (named in refusals), or NULL */
+    /* or: a sibling whose rows stand in for this part when the checkpoint
+     * lacks it, on layers of type or_layer_type (NULL: any) when or_when
+     * holds (vLLM's Gemma 4 k_eq_v layers: k_proj in the V slot); there the
+     * part itself is refused. NULL: none */
+    char *or_module, *or_layer_type;
+    tps_cond *or_when;
 } tps_lpart;
 
 typedef struct {
@@ -657,6 +663,10 @@ typedef struct {
     size_t nbias;
     int has_bias;
     int whole;     /* split: replicate: every part whole on every rank (else by rows) */
+    /* config counts of the last layers: only_last, the entry fuses only in the
+     * layers numbered num_hidden_layers - config[only_last] and after;
+     * except_last, only in the others (Gemma 4's KV-shared layers). NULL: all */
+    char *only_last, *except_last;
     int line;
 } tps_lfuse;
 
@@ -684,6 +694,7 @@ typedef struct {
     char **model_types;
     size_t nmt;
     char *reason;
+    char *only_last; /* with contains: only in the last config[only_last] layers, or NULL */
     int line;
 } tps_ldrop;
 
@@ -747,8 +758,12 @@ typedef struct {
     char **patterns;
     size_t npat;
     char *as;
+    int root;      /* the matched module itself becomes `as` (not its parent + as) */
     char **model_types;
     size_t nmt;
+    /* only_last: the pattern names the layers (PATH.*) and only the last
+     * config[only_last] of num_hidden_layers are renamed, as AS.(N - first) */
+    char *only_last;
     int line;
 } tps_lrename;
 
@@ -782,6 +797,9 @@ typedef struct tps_lspec {
     char *tied_head, *tied_embedding; /* module paths, or NULL */
     char **tied_default; /* model_types whose config ties by default */
     size_t ntied_default;
+    char **tied_also;    /* embeddings tried in turn when tied_embedding is absent
+                          * (a multimodal checkpoint's text model) */
+    size_t ntied_also;
     tps_lcheck *checks;
     size_t nchecks;
     tps_lrule *rules;
@@ -820,6 +838,10 @@ typedef struct tps_lspec {
     char *pp_count;       /* config count of the layers, e.g. "num_hidden_layers" */
     char **pp_first, **pp_last, **pp_every;
     size_t npp_first, npp_last, npp_every;
+    /* config count of the last layers that read an earlier layer's KV cache
+     * (the last layer before them of the same layer_types entry), which the
+     * engine needs on the same stage (Gemma 4's num_kv_shared_layers), or NULL */
+    char *pp_kv_shared;
 } tps_lspec;
 
 tps_err tps_lspec_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
@@ -917,6 +939,10 @@ typedef struct {
      * or NULL: vLLM 0.33 derives it from the files' dtypes, and in rank
      * files the fused modules' parts are not there to find */
     const char *module_list;
+    /* the same for a method whose config lists the unquantized modules
+     * instead ("modules_to_not_convert": AWQ), derived from the files' dtypes
+     * as vLLM derives it from the source's */
+    const char *skip_list;
     /* what vLLM's loader refuses of a row-parallel cut with one group
      * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
     const char *channel_rowwise_refusal;

@@ -269,6 +269,15 @@ uint64_t tps_lc_config_count(const cJSON *config, const char *field, int *presen
     return (uint64_t)v->valuedouble;
 }
 
+int tps_lc_last_layers(const cJSON *config, const char *field, int layer, uint64_t *first)
+{
+    int pn, pl;
+    uint64_t n = tps_lc_config_count(config, "num_hidden_layers", &pn);
+    uint64_t last = tps_lc_config_count(config, field, &pl);
+    *first = n >= last ? n - last : 0;
+    return layer >= 0 && last && n && (uint64_t)layer >= *first;
+}
+
 int tps_lc_module_of(const char *name, size_t *mlen)
 {
     const char *dot = strrchr(name, '.');
@@ -381,7 +390,11 @@ tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kin
                             C->ck->path, t->name, t->ndim, d);
         return TPS_OK;
     }
-    uint64_t n = d >= 0 ? t->shape[d] : 0, per = 0;
+    uint64_t n = d >= 0 ? t->shape[d] : 0, per = 0, real = n;
+    /* --pad-intermediate: down_proj's input features padded (zero columns) */
+    if (d == 1 && t->ndim == 2 && L->pad_field && L->pad_to > L->pad_from && n == L->pad_from &&
+        strstr(t->name, ".mlp."))
+        n = L->pad_to;
     char works[300];
     if (k == TPS_SPLIT_VOCAB && L->spec) {
         if (!tps_lc_vocab_rows(C, t, n, &per)) return TPS_OK;
@@ -412,6 +425,19 @@ tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kin
         }
         TPS_TRY(tps_lc_new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));
         uint64_t rowb = tps_lc_inner_bits(t, d) / 8;
+        if (n != real) {
+            /* the real columns, then zero columns: runs a row apart */
+            uint64_t rl = lo >= real ? 0 : lo + len <= real ? len : real - lo;
+            size_t es = tps_dtype_bits(t->dtype) / 8;
+            if (rl == len) TPS_TRY(tps_lc_src_piece(C, rt, i, d, lo, lo + len, 0));
+            else if (rl) TPS_TRY(tps_lc_src_piece_run(C, rt, i, d, lo, lo + rl, 0, rl * es));
+            if (len > rl)
+                TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = rl * es,
+                                                             .nbytes = t->shape[0] * (len - rl) * es,
+                                                             .run = (uint32_t)((len - rl) * es)}));
+            if (C->why[0]) return TPS_OK;
+            continue;
+        }
         if (len || !per) TPS_TRY(tps_lc_src_piece(C, rt, i, d, lo, lo + len, 0));
         if (per > len)
             TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = len * rowb,
@@ -670,12 +696,14 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     /* what the engine's load_weights skips: no rank file holds it */
     TPS_CHECK(tps_lc_drop(&C));
     if (C.why[0]) goto out;
-    if (L->pad_mode && (!s || !L->q || !L->q->m->weight_suffix)) {
-        refuse(&C, "--pad-intermediate pads the MLPs of packed checkpoints (GPTQ, AWQ, "
-                   "compressed-tensors WNA16, NVFP4) in a serving layout; %s",
-               !s ? "the dtensor layout keeps the checkpoint's shapes"
-                  : "unquantized and FP8 checkpoints are not padded yet");
+    if (L->pad_mode && !s) {
+        refuse(&C, "--pad-intermediate pads the MLP in a serving layout (vllm, sglang); the "
+                   "dtensor layout keeps the checkpoint's shapes");
         goto out;
+    }
+    if (L->pad_mode) {
+        TPS_CHECK(tps_lc_pad_setup(&C));
+        if (C.why[0]) goto out;
     }
     if (s) {
         TPS_CHECK(tps_lc_compile_packed(&C));

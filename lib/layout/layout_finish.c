@@ -84,7 +84,18 @@ static tps_err rename_rts(cstate *C)
                 }
             }
             if (!hit) continue;
-            const char *par = memrchr(nm, '.', pos);
+            if (rn->only_last) { /* the last layers, renumbered from their first */
+                uint64_t first;
+                int layer = tps_layer_of_name(nm);
+                if (!tps_lc_last_layers(C->ck->config, rn->only_last, layer, &first)) continue;
+                char *nn = tps_lc_own_name(C, tps_asprintf("%s.%llu%s", rn->as,
+                                                           (unsigned long long)layer - first,
+                                                           nm + pos));
+                if (!nn) return nomem(C);
+                L->rt[k].name = nn;
+                break;
+            }
+            const char *par = rn->root ? NULL : memrchr(nm, '.', pos);
             size_t pl = par ? (size_t)(par - nm) : 0;
             char *nn = tps_lc_own_name(C, tps_asprintf("%.*s%s%s%s", (int)pl, nm, pl ? "." : "",
                                                        rn->as, nm + pos));

@@ -9,6 +9,7 @@
  * layout_vocab.c. */
 #include "layout_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,7 +40,8 @@ static int fused_bias(const tps_lfuse *f, const cJSON *config, char *hint, size_
  * tp on whole heads (their count in *heads) or evenly (*heads 0). 0 and a
  * refusal when not. */
 static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const char *param,
-                      const size_t *idx, const uint64_t *nrows, size_t j, uint64_t *heads)
+                      const size_t *idx, const uint64_t *nrows, size_t j, uint64_t *heads,
+                      const tps_layers *ly)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
@@ -76,6 +78,20 @@ static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const c
     if (p->heads) {
         int present;
         uint64_t h = tps_lc_config_count(ck->config, p->heads, &present);
+        /* a layer's own count (Gemma 4's per_layer_config, global KV heads) */
+        char lname[160] = "";
+        int layer = tps_layer_of_name(t->name);
+        const char *from = NULL;
+        const cJSON *lv = layer >= 0 && layer < ly->n ? tps_layers_get(ly, layer, p->heads, &from)
+                                                      : NULL;
+        if (lv && from && strcmp(from, p->heads)) {
+            present = 1;
+            h = cJSON_IsNumber(lv) && lv->valuedouble >= 1 && lv->valuedouble <= 1e15 &&
+                        lv->valuedouble == floor(lv->valuedouble)
+                    ? (uint64_t)lv->valuedouble
+                    : 0;
+            snprintf(lname, sizeof lname, " (layer %d, from %s)", layer, from);
+        }
         if (!ck->config || !h) {
             char *lack = present ? NULL : tps_config_lacks(p->heads);
             refuse(C, "layout %s splits '%s' on whole heads, but config.json %s%s",
@@ -85,8 +101,24 @@ static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const c
             return 0;
         }
         if (rows % h) {
-            refuse(C, "tensor '%s' has %llu rows, not a whole number of its %llu heads (%s)",
-                   t->name, (unsigned long long)rows, (unsigned long long)h, p->heads);
+            refuse(C, "tensor '%s' has %llu rows, not a whole number of its %llu heads (%s%s)",
+                   t->name, (unsigned long long)rows, (unsigned long long)h, p->heads, lname);
+            return 0;
+        }
+        /* Layers of their own sizes (Gemma 4): each part holds its layer's heads
+         * of its layer's head size, or config.json does not describe it. */
+        const char *dfrom = NULL;
+        const cJSON *hd =
+            layer >= 0 && layer < ly->n ? tps_layers_get(ly, layer, "head_dim", &dfrom) : NULL;
+        if ((tps_layers_vary(ly, "head_dim") || tps_layers_vary(ly, "num_key_value_heads")) &&
+            cJSON_IsNumber(hd) && hd->valuedouble >= 1 && hd->valuedouble <= 1e9 &&
+            rows != h * (uint64_t)hd->valuedouble) {
+            refuse(C, "tensor '%s' has %llu rows, but layer %d has %s = %llu%s heads of head_dim "
+                      "= %llu%s%s%s (%llu rows): the checkpoint does not match its config.json",
+                   t->name, (unsigned long long)rows, layer, p->heads, (unsigned long long)h,
+                   lname, (unsigned long long)hd->valuedouble, dfrom ? " (from " : "",
+                   dfrom ? dfrom : "", dfrom ? ")" : "",
+                   (unsigned long long)(h * (uint64_t)hd->valuedouble));
             return 0;
         }
         int ok = h % (uint64_t)C->tp == 0 ||
@@ -95,15 +127,16 @@ static int fused_part(cstate *C, const tps_lfuse *f, const char *parent, const c
             tps_lc_works_list(works, sizeof works, h, 0,
                               p->replicate ? ok_heads_rep : tps_lc_ok_divides);
             if (p->replicate)
-                refuse(C, "%s = %llu: tp %d neither divides it nor is a multiple of it (layout "
+                refuse(C, "%s%s = %llu: tp %d neither divides it nor is a multiple of it (layout "
                           "%s splits '%s' into whole heads, each on tp / %s ranks when there "
                           "are fewer than ranks; tp values that work: %s)",
-                       p->heads, (unsigned long long)h, C->tp, L->spec->name, t->name, p->heads,
-                       works);
+                       p->heads, lname, (unsigned long long)h, C->tp, L->spec->name, t->name,
+                       p->heads, works);
             else
-                refuse(C, "%s = %llu is not divisible by tp %d (layout %s splits '%s' into "
+                refuse(C, "%s%s = %llu is not divisible by tp %d (layout %s splits '%s' into "
                           "whole heads; tp values that work: %s)",
-                       p->heads, (unsigned long long)h, C->tp, L->spec->name, t->name, works);
+                       p->heads, lname, (unsigned long long)h, C->tp, L->spec->name, t->name,
+                       works);
             return 0;
         }
         *heads = h;
@@ -153,7 +186,7 @@ static tps_err fused_quant(cstate *C, const tps_lfuse *f, const char *parent, co
                    L->spec->name, parent, f->into);
             return TPS_OK;
         }
-    if (nq && idx[0] == idx[f->nparts - 1]) {
+    if (nq && f->nparts > 1 && idx[0] == idx[f->nparts - 1]) {
         refuse(C, "tensor '%s' is quantized and packed: not supported yet", ck->t[idx[0]].name);
         return TPS_OK;
     }
@@ -174,14 +207,21 @@ static tps_err fused_quant(cstate *C, const tps_lfuse *f, const char *parent, co
 /* One fused group: parent.<part>.<param> for every part, written as
  * parent.<into>.<param>. idx[j] is part j's source tensor. */
 static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, const char *param,
-                           const size_t *idx, const uint64_t *base, const uint64_t *nrows)
+                           const size_t *idx, const uint64_t *base, const uint64_t *nrows,
+                           const tps_layers *ly)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
     const tps_ctensor *t0 = &ck->t[idx[0]];
-    uint64_t heads[16];
+    uint64_t heads[16], pn[16];
+    /* --pad-intermediate: the MLP's parts padded (zero rows after the real ones) */
+    for (size_t j = 0; j < f->nparts && j < 16; j++)
+        pn[j] = f->parts[j].rows && L->pad_field && !strcmp(f->parts[j].rows, L->pad_field) &&
+                        !base[j] && nrows[j] == L->pad_from && L->pad_to > L->pad_from
+                    ? L->pad_to
+                    : nrows[j];
     for (size_t j = 0; j < f->nparts; j++)
-        if (!fused_part(C, f, parent, param, idx, nrows, j, &heads[j])) return TPS_OK;
+        if (!fused_part(C, f, parent, param, idx, pn, j, &heads[j], ly)) return TPS_OK;
     char *name = tps_lc_own_name(C, tps_asprintf("%s.%s.%s", parent, f->into, param));
     if (!name) return nomem(C);
     uint64_t rowb = tps_lc_inner_bits(t0, 0) / 8;
@@ -198,7 +238,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
                 lo[j] = 0;
                 len[j] = nrows[j];
             } else {
-                tps_lc_part_rows(nrows[j], heads[j], f->parts[j].replicate, C->tp, r,
+                tps_lc_part_rows(pn[j], heads[j], f->parts[j].replicate, C->tp, r,
                                  L->spec->exact, &lo[j], &len[j]);
             }
             total += len[j];
@@ -210,8 +250,13 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
         TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));
         uint64_t at = 0;
         for (size_t j = 0; j < f->nparts; j++) {
-            TPS_TRY(
-                tps_lc_src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + len[j], at));
+            /* the real rows, then the padding's zeros */
+            uint64_t rl = lo[j] >= nrows[j] ? 0 : lo[j] + len[j] <= nrows[j] ? len[j] : nrows[j] - lo[j];
+            if (rl || len[j] == 0)
+                TPS_TRY(tps_lc_src_piece(C, rt, idx[j], 0, base[j] + lo[j], base[j] + lo[j] + rl, at));
+            if (len[j] > rl)
+                TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .at = at + rl * rowb,
+                                                             .nbytes = (len[j] - rl) * rowb}));
             at += len[j] * rowb;
         }
         if (quant) TPS_TRY(tps_lc_place_fused_scales(C, f, idx, r, lo, len, heads, nrows,
@@ -382,7 +427,32 @@ int tps_lc_packed_fit(cstate *C)
 
 /* Finds fused groups: for each tensor that is the first part of a fusion,
  * its siblings. */
+static tps_err compile_fused(cstate *C, const tps_layers *ly);
+
 tps_err tps_lc_compile_fused(cstate *C)
+{
+    const tps_ckpt *ck = C->ck;
+    /* the layers' own head counts (config.json was read and checked when the
+     * layout was made: this reads it again) */
+    tps_layers ly = {0};
+    tps_err rc = tps_layers_open(C->ctx, ck->config, "config.json", &ly);
+    if (!rc) rc = compile_fused(C, &ly);
+    tps_layers_close(&ly);
+    return rc;
+}
+
+/* Part j of f stands in by its `or` sibling in this tensor's layer: 1 when
+ * the layer is one where the engine loads the sibling's rows into it. */
+static int part_or(cstate *C, const tps_lpart *p, const tps_layers *ly, const char *name)
+{
+    if (!p->or_module) return 0;
+    if (p->or_when && !tps_cond_eval(p->or_when, C->ck->config)) return 0;
+    if (!p->or_layer_type) return 1;
+    const char *t = tps_layers_type(ly, tps_layer_of_name(name));
+    return t && !strcmp(t, p->or_layer_type);
+}
+
+static tps_err compile_fused(cstate *C, const tps_layers *ly)
 {
     const tps_lspec *s = C->L->spec;
     const tps_ckpt *ck = C->ck;
@@ -392,6 +462,13 @@ tps_err tps_lc_compile_fused(cstate *C)
             const char *nm = ck->t[i].name;
             size_t ml;
             if (C->used[i] || !tps_lc_module_of(nm, &ml)) continue;
+            uint64_t first;
+            if (f->only_last &&
+                !tps_lc_last_layers(ck->config, f->only_last, tps_layer_of_name(nm), &first))
+                continue;
+            if (f->except_last &&
+                tps_lc_last_layers(ck->config, f->except_last, tps_layer_of_name(nm), &first))
+                continue;
             const char *param = nm + ml + 1;
             /* scales go with their weights (place_fused) */
             if (strcmp(param, "weight") && strcmp(param, "bias")) continue;
@@ -440,11 +517,35 @@ tps_err tps_lc_compile_fused(cstate *C)
             size_t idx[16] = {0};
             char missing[256] = "";
             for (size_t j = 0; j < f->nparts; j++) {
-                char *want = tps_asprintf("%s.%s.%s", parent, f->parts[j].module, param);
+                const tps_lpart *pj = &f->parts[j];
+                int stand_in = part_or(C, pj, ly, nm);
+                char *want = tps_asprintf("%s.%s.%s", parent, pj->module, param);
                 int k = want ? tps_ckpt_find(ck, want) : -1;
                 if (!want) {
                     free(parent);
                     return nomem(C);
+                }
+                if (stand_in && k >= 0) {
+                    char cond[160] = "";
+                    if (pj->or_when) tps_lc_enable_hint(cond, sizeof cond, pj->or_when);
+                    refuse(C, "tensor '%s': on this layer (%s%s%s) %s loads %s.%s.%s into the "
+                              "%s rows of %s.%s and has no place for it: remove it from the "
+                              "checkpoint, or check config.json",
+                           want, pj->or_layer_type ? pj->or_layer_type : "any layer type",
+                           cond[0] ? ", config.json's " : "", cond, s->target, parent,
+                           pj->or_module, param, pj->module, parent, f->into);
+                    free(want);
+                    free(parent);
+                    return TPS_OK;
+                }
+                if (stand_in) { /* the sibling's rows, loaded twice */
+                    free(want);
+                    want = tps_asprintf("%s.%s.%s", parent, pj->or_module, param);
+                    k = want ? tps_ckpt_find(ck, want) : -1;
+                    if (!want) {
+                        free(parent);
+                        return nomem(C);
+                    }
                 }
                 if (k < 0 && !missing[0]) snprintf(missing, sizeof missing, "%s", want);
                 idx[j] = k < 0 ? 0 : (size_t)k;
@@ -498,7 +599,7 @@ tps_err tps_lc_compile_fused(cstate *C)
                     return TPS_OK;
                 }
             }
-            tps_err rc = place_fused(C, f, parent, param, idx, base, nrows);
+            tps_err rc = place_fused(C, f, parent, param, idx, base, nrows, ly);
             free(parent);
             TPS_TRY(rc);
             if (C->why[0]) return TPS_OK;

@@ -96,6 +96,9 @@ void tps_lc_works_list(char *buf, size_t len, uint64_t n, uint64_t n2,
 int tps_lc_ok_divides(uint64_t n, uint64_t unused, int tp);
 /* A config count (top level or text_config), or 0 when absent or not one. */
 uint64_t tps_lc_config_count(const cJSON *config, const char *field, int *present);
+/* Is layer one of the last config[field] of num_hidden_layers (field 0 or
+ * absent: none)? *first: the first of them. */
+int tps_lc_last_layers(const cJSON *config, const char *field, int layer, uint64_t *first);
 int tps_lc_module_of(const char *name, size_t *mlen);
 int tps_lc_matches_any(char **pats, size_t n, const char *name);
 /* Is the checkpoint's model_type one of types (none listed: any)? */

@@ -196,7 +196,8 @@ tps_err tps_lc_pad_setup(cstate *C)
     uint64_t unit = 1;
     if (q && !q->m->weight_suffix) {
         refuse(C, "--pad-intermediate: %s checkpoints are not padded yet (packed methods and "
-                  "unquantized ones are)", q->method_name);
+                  "unquantized ones are: their scale blocks would need padding too)",
+               q->method_name);
         return TPS_OK;
     }
     for (size_t j = 0; q && j < q->m->nparts; j++) {
@@ -556,8 +557,6 @@ tps_err tps_lc_compile_packed(cstate *C)
     const tps_ckpt *ck = C->ck;
     const tps_lspec *s = L->spec;
     if (!q || !q->m->weight_suffix || !s) return TPS_OK;
-    TPS_TRY(tps_lc_pad_setup(C));
-    if (C->why[0]) return TPS_OK;
     if (q->m->nparts > MAXP)
         return tps_fail(C->ctx, TPS_E_ARG, "quant_method %s: more parts than tpshard handles",
                         q->m->name);

@@ -189,6 +189,43 @@ static void move_rt(tps_layout *L, size_t k, int w)
     for (size_t j = 0; j < r->npieces; j++) L->pieces[r->piece0 + j].rank = w;
 }
 
+/* Layers that read an earlier layer's KV cache (the last kv_shared layers,
+ * each the last layer before them of its own layer type) must be on that
+ * layer's stage: vLLM 0.33 refuses a KV-sharing target on another stage.
+ * 0 and a refusal when one is not. */
+static int kv_shared_stages(cstate *C)
+{
+    const tps_layout *L = C->L;
+    const cJSON *config = C->ck->config;
+    uint64_t first;
+    const char *field = L->spec->pp_kv_shared;
+    const cJSON *types = tps_config_get(config, "layer_types");
+    int present, n = (int)tps_lc_config_count(config, "num_hidden_layers", &present);
+    if (!field || !cJSON_IsArray(types) || !tps_lc_last_layers(config, field, n - 1, &first))
+        return 1;
+    for (int i = (int)first; i < n; i++) {
+        const cJSON *ti = cJSON_GetArrayItem(types, i);
+        int target = -1;
+        for (int j = (int)first - 1; j >= 0 && target < 0 && cJSON_IsString(ti); j--) {
+            const cJSON *tj = cJSON_GetArrayItem(types, j);
+            if (cJSON_IsString(tj) && !strcmp(tj->valuestring, ti->valuestring)) target = j;
+        }
+        if (target < 0) continue; /* the engine's own error: no layer to share with */
+        int si = tps_layout_stage_of_layer(L, i), st = tps_layout_stage_of_layer(L, target);
+        if (si != st) {
+            refuse(C, "layer %d, one of the last %s = %llu, reads the KV cache of layer %d "
+                      "(the last earlier layer of its type), but pipeline stage %d holds layer "
+                      "%d and stage %d layer %d; %s refuses a KV-sharing target on another "
+                      "stage: use --pp 1, or a partition (--pp-layers) that keeps them on one "
+                      "stage",
+                   i, field, (unsigned long long)(n - (int)first), target, si, i, st, target,
+                   L->spec->target);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 tps_err tps_lc_pipeline(cstate *C)
 {
     tps_layout *L = C->L;
@@ -196,6 +233,7 @@ tps_err tps_lc_pipeline(cstate *C)
     const tps_ckpt *ck = C->ck;
     int tp = L->tp, pp = L->pp;
     if (pp <= 1) return TPS_OK;
+    if (!kv_shared_stages(C)) return TPS_OK;
     int every = tps_lc_type_listed(s->pp_every, s->npp_every, ck->config) && s->npp_every;
     char *tied_emb = NULL;
     size_t n0 = L->nrt;

@@ -75,6 +75,9 @@ tps_err tps_lc_tied_head(cstate *C, int *emb_out)
     if (!s || !s->tied_head || !s->tied_embedding) return TPS_OK;
     head = find_weight(ck, s->tied_head);
     emb = find_weight(ck, s->tied_embedding);
+    const char *embname = s->tied_embedding;
+    for (size_t k = 0; emb < 0 && k < s->ntied_also; k++)
+        if ((emb = find_weight(ck, s->tied_also[k])) >= 0) embname = s->tied_also[k];
     int flag = tied_flag(ck->config);
     if (flag < 0) { /* not said: the config class's default */
         const cJSON *mt = tps_config_get(ck->config, "model_type");
@@ -86,7 +89,7 @@ tps_err tps_lc_tied_head(cstate *C, int *emb_out)
                       "false for model_type %s, yet the checkpoint has no %s.weight: set "
                       "tie_word_embeddings to true if the head is tied to %s",
                    cJSON_IsString(mt) ? mt->valuestring : "(none)", s->tied_head,
-                   s->tied_embedding);
+                   embname);
             return TPS_OK;
         }
     }
@@ -100,13 +103,13 @@ tps_err tps_lc_tied_head(cstate *C, int *emb_out)
         refuse(C, "config.json ties %s to %s (tie_word_embeddings: true) but the checkpoint "
                   "stores both; the engine keeps one parameter: remove %s.weight or set "
                   "tie_word_embeddings to false",
-               s->tied_head, s->tied_embedding, s->tied_head);
+               s->tied_head, embname, s->tied_head);
         return TPS_OK;
     }
     if (head < 0 && emb >= 0) {
         char d[256];
         snprintf(d, sizeof d, "%s.weight is written from %s.weight, which it is tied to",
-                 s->tied_head, s->tied_embedding);
+                 s->tied_head, embname);
         TPS_TRY(tps_lc_add_check(C, "tied head", 1, d));
     } else {
         emb = -1; /* untied: both are ordinary tensors */
@@ -175,6 +178,10 @@ static const char *drop_reason(const tps_lspec *s, const cJSON *config, const ch
             if (present && layer >= 0 && (uint64_t)layer >= n) return d->reason;
             continue;
         }
+        uint64_t first;
+        if (d->only_last && !tps_lc_last_layers(config, d->only_last, tps_layer_of_name(name),
+                                                &first))
+            continue;
         for (size_t j = 0; j < d->ncontains; j++)
             if (strstr(name, d->contains[j])) return d->reason;
     }

@@ -67,9 +67,15 @@ static tps_err parse_lrule(const pctx *pc, const ynode *m, tps_lrule *r)
 static tps_err parse_ldrop(const pctx *pc, const ynode *m, tps_ldrop *d)
 {
     static const char *const known[] = {"contains", "model_types", "reason", "layers_past",
-                                        "layers_extra"};
-    const ynode *v[5];
-    TPS_TRY(tps_pl_map_fields(pc, m, "drop entry", known, 5, v));
+                                        "layers_extra", "only_last"};
+    const ynode *v[6];
+    TPS_TRY(tps_pl_map_fields(pc, m, "drop entry", known, 6, v));
+    if (v[5]) {
+        if (!v[0])
+            return tps_pl_perr(pc, v[5]->line, "'only_last' limits 'contains' to the last layers");
+        TPS_TRY(tps_pl_get_str(pc, v[5], "only_last", &d->only_last));
+        TPS_TRY(tps_pl_check_field_name(pc, v[5], "only_last"));
+    }
     if (v[4] && !v[3])
         return tps_pl_perr(pc, v[4]->line, "'layers_extra' counts layers after 'layers_past'");
     if (v[4]) {
@@ -175,13 +181,25 @@ static tps_err parse_lbias(const pctx *pc, const ynode *m, tps_lbias *b)
 
 static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
-    static const char *const known[] = {"into", "parts", "extra", "bias", "split"};
-    static const char *const pknown[] = {"module", "heads", "replicate", "rows"};
+    static const char *const known[] = {"into", "parts", "extra", "bias", "split", "only_last",
+                                        "except_last"};
+    static const char *const pknown[] = {"module", "heads", "replicate", "rows", "or", "or_when",
+                                         "or_layer_type"};
     static const char *const eknown[] = {"name", "dtype", "value", "shape", "quant", "when",
                                          "unless"};
-    const ynode *v[5];
-    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 5, v));
+    const ynode *v[7];
+    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 7, v));
     f->line = m->line;
+    if (v[5] && v[6])
+        return tps_pl_perr(pc, v[6]->line, "a fuse entry has 'only_last' or 'except_last'");
+    if (v[5]) {
+        TPS_TRY(tps_pl_get_str(pc, v[5], "only_last", &f->only_last));
+        TPS_TRY(tps_pl_check_field_name(pc, v[5], "only_last"));
+    }
+    if (v[6]) {
+        TPS_TRY(tps_pl_get_str(pc, v[6], "except_last", &f->except_last));
+        TPS_TRY(tps_pl_check_field_name(pc, v[6], "except_last"));
+    }
     if (!v[0] || !v[1]) return tps_pl_perr(pc, m->line, "a fuse entry needs 'into' and 'parts'");
     if (v[4]) {
         if (v[4]->type == YN_SCALAR && !strcmp(v[4]->s, "replicate")) f->whole = 1;
@@ -190,15 +208,31 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
     }
     TPS_TRY(tps_pl_get_str(pc, v[0], "into", &f->into));
     TPS_TRY(check_leaf(pc, v[0]));
-    if (v[1]->type != YN_SEQ || v[1]->n < 2 || v[1]->n > LSPEC_MAX_PARTS)
-        return tps_pl_perr(pc, v[1]->line, "'parts' must be a list of 2 to %d parts",
+    /* one part: the module under its own name, with the engine's extras
+     * (Gemma 4's KV-shared q_proj) */
+    if (v[1]->type != YN_SEQ || v[1]->n < 1 || v[1]->n > LSPEC_MAX_PARTS ||
+        (v[1]->n == 1 && (v[1]->kid[0]->type != YN_MAP)))
+        return tps_pl_perr(pc, v[1]->line, "'parts' must be a list of 1 to %d parts",
                            LSPEC_MAX_PARTS);
     f->parts = tps_xcalloc(v[1]->n, sizeof *f->parts);
     if (!f->parts) return tps_pl_nomem(pc->ctx);
     for (size_t i = 0; i < v[1]->n; i++) {
-        const ynode *pv[4];
+        const ynode *pv[7];
         tps_lpart *p = &f->parts[f->nparts++];
-        TPS_TRY(tps_pl_map_fields(pc, v[1]->kid[i], "part", pknown, 4, pv));
+        TPS_TRY(tps_pl_map_fields(pc, v[1]->kid[i], "part", pknown, 7, pv));
+        if ((pv[5] || pv[6]) && !pv[4])
+            return tps_pl_perr(pc, v[1]->kid[i]->line,
+                               "'or_when' and 'or_layer_type' go with 'or'");
+        if (pv[4]) {
+            TPS_TRY(tps_pl_get_str(pc, pv[4], "or", &p->or_module));
+            TPS_TRY(check_leaf(pc, pv[4]));
+        }
+        if (pv[5]) {
+            p->or_when = tps_xcalloc(1, sizeof *p->or_when);
+            if (!p->or_when) return tps_pl_nomem(pc->ctx);
+            TPS_TRY(tps_pl_parse_cond(pc, pv[5], "or_when", p->or_when));
+        }
+        if (pv[6]) TPS_TRY(tps_pl_get_str(pc, pv[6], "or_layer_type", &p->or_layer_type));
         if (pv[3]) TPS_TRY(tps_pl_get_str(pc, pv[3], "rows", &p->rows));
         if (!pv[0]) return tps_pl_perr(pc, v[1]->kid[i]->line, "a part needs 'module'");
         TPS_TRY(tps_pl_get_str(pc, pv[0], "module", &p->module));
@@ -262,6 +296,17 @@ static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
                 TPS_TRY(tps_pl_parse_cond(pc, ev[6], "unless", e->unless));
             }
         }
+    }
+    if (f->nparts == 1 && strcmp(f->parts[0].module, f->into))
+        return tps_pl_perr(pc, v[1]->line, "a fuse entry of one part keeps its name: 'into' "
+                                           "must be '%s'", f->parts[0].module);
+    for (size_t i = 0; i < f->nparts; i++) {
+        const char *o = f->parts[i].or_module;
+        size_t j = 0;
+        while (o && j < f->nparts && strcmp(f->parts[j].module, o)) j++;
+        if (o && (j == f->nparts || j == i))
+            return tps_pl_perr(pc, v[1]->line, "part '%s': 'or' names another part of the "
+                                               "entry, not '%s'", f->parts[i].module, o);
     }
     if (v[3]) { /* when the engine's fused module has a bias ([]: never) */
         if (v[3]->type != YN_SEQ || v[3]->n > 64)
@@ -415,9 +460,11 @@ static tps_err parse_lscales(const pctx *pc, const ynode *m, tps_lspec *s)
  * embedding, and the model_types whose config ties by default. */
 static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const tknown[] = {"head", "embedding", "default_for"};
-    const ynode *tv[3];
-    TPS_TRY(tps_pl_map_fields(pc, m, "tied", tknown, 3, tv));
+    static const char *const tknown[] = {"head", "embedding", "default_for", "embedding_also"};
+    const ynode *tv[4];
+    TPS_TRY(tps_pl_map_fields(pc, m, "tied", tknown, 4, tv));
+    if (tv[3]) TPS_TRY(tps_pl_get_str_list(pc, tv[3], "embedding_also", tps_pl_check_pattern,
+                                           &s->tied_also, &s->ntied_also));
     if (tv[2]) TPS_TRY(tps_pl_get_str_list(pc, tv[2], "default_for", NULL, &s->tied_default,
                                            &s->ntied_default));
     if (!tv[0] || !tv[1]) return tps_pl_perr(pc, m->line, "'tied' needs head and embedding");
@@ -432,9 +479,10 @@ static tps_err parse_ltied(const pctx *pc, const ynode *m, tps_lspec *s)
  * under its parent's `as` instead. */
 static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
 {
-    static const char *const known[] = {"match", "as", "model_types"};
-    const ynode *v[3];
-    TPS_TRY(tps_pl_map_fields(pc, m, "rename entry", known, 3, v));
+    static const char *const known[] = {"match", "as", "model_types", "only_last", "root"};
+    const ynode *v[5];
+    TPS_TRY(tps_pl_map_fields(pc, m, "rename entry", known, 5, v));
+    if (v[4]) TPS_TRY(tps_pl_get_bool(pc, v[4], "root", &r->root));
     r->line = m->line;
     if (!v[0] || !v[1])
         return tps_pl_perr(pc, m->line, "a rename entry needs 'match' (module path patterns) "
@@ -446,6 +494,16 @@ static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
     if (tps_pl_has_glob(r->as, strlen(r->as)))
         return tps_pl_perr(pc, v[1]->line, "rename 'as' is a module path, not a pattern");
     if (v[2]) TPS_TRY(tps_pl_get_str_list(pc, v[2], "model_types", NULL, &r->model_types, &r->nmt));
+    if (v[3]) {
+        TPS_TRY(tps_pl_get_str(pc, v[3], "only_last", &r->only_last));
+        TPS_TRY(tps_pl_check_field_name(pc, v[3], "only_last"));
+        for (size_t q = 0; q < r->npat; q++) {
+            size_t n = strlen(r->patterns[q]);
+            if (n < 2 || strcmp(r->patterns[q] + n - 2, ".*"))
+                return tps_pl_perr(pc, v[0]->line, "a rename with 'only_last' matches the layers "
+                                                   "(PATH.*)");
+        }
+    }
     return TPS_OK;
 }
 
@@ -453,9 +511,14 @@ static tps_err parse_lrename(const pctx *pc, const ynode *m, tps_lrename *r)
  * one pipeline stage's model (see tps_lspec). */
 static tps_err parse_lpipeline(const pctx *pc, const ynode *m, tps_lspec *s)
 {
-    static const char *const known[] = {"layers", "count", "first", "last", "every_stage"};
-    const ynode *v[5];
-    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 5, v));
+    static const char *const known[] = {"layers", "count", "first", "last", "every_stage",
+                                        "kv_shared"};
+    const ynode *v[6];
+    TPS_TRY(tps_pl_map_fields(pc, m, "pipeline", known, 6, v));
+    if (v[5]) {
+        TPS_TRY(tps_pl_get_str(pc, v[5], "kv_shared", &s->pp_kv_shared));
+        TPS_TRY(tps_pl_check_field_name(pc, v[5], "kv_shared"));
+    }
     if (!v[0] || !v[1] || !v[3])
         return tps_pl_perr(pc, m->line,
                            "'pipeline' needs layers (the decoder layers' module path), count (the "
@@ -604,8 +667,13 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
         for (size_t i = 0; i < v[K_FUSE]->n; i++) {
             s->nfuse++;
             TPS_TRY(parse_lfuse(pc, v[K_FUSE]->kid[i], &s->fuse[i]));
-            /* a module is a part of one fusion at most */
+            /* a module is a part of one fusion at most (in the same layers: an
+             * entry for the last layers and one for the others share modules) */
             for (size_t j = 0; j < i; j++)
+                if (!(s->fuse[i].only_last && s->fuse[j].except_last &&
+                      !strcmp(s->fuse[i].only_last, s->fuse[j].except_last)) &&
+                    !(s->fuse[j].only_last && s->fuse[i].except_last &&
+                      !strcmp(s->fuse[j].only_last, s->fuse[i].except_last)))
                 for (size_t a = 0; a < s->fuse[i].nparts; a++)
                     for (size_t b = 0; b < s->fuse[j].nparts; b++)
                         if (!strcmp(s->fuse[i].parts[a].module, s->fuse[j].parts[b].module))
@@ -630,8 +698,10 @@ void tps_lspec_free(tps_lspec *s)
     tps_pl_strv_free(s->vocab, s->nvocab);
     free(s->tied_head);
     free(s->tied_embedding);
+    tps_pl_strv_free(s->tied_also, s->ntied_also);
     free(s->pp_layers);
     free(s->pp_count);
+    free(s->pp_kv_shared);
     tps_pl_strv_free(s->pp_first, s->npp_first);
     tps_pl_strv_free(s->pp_last, s->npp_last);
     tps_pl_strv_free(s->pp_every, s->npp_every);
@@ -644,6 +714,7 @@ void tps_lspec_free(tps_lspec *s)
         free(s->drops[i].reason);
         free(s->drops[i].layers_past);
         free(s->drops[i].layers_extra);
+        free(s->drops[i].only_last);
     }
     free(s->drops);
     for (size_t i = 0; i < s->nkeys; i++) {
@@ -709,7 +780,13 @@ void tps_lspec_free(tps_lspec *s)
             free(f->parts[j].module);
             free(f->parts[j].heads);
             free(f->parts[j].rows);
+            free(f->parts[j].or_module);
+            free(f->parts[j].or_layer_type);
+            if (f->parts[j].or_when) tps_pl_cond_clear(f->parts[j].or_when);
+            free(f->parts[j].or_when);
         }
+        free(f->only_last);
+        free(f->except_last);
         free(f->parts);
         for (size_t j = 0; j < f->nextra; j++) {
             free(f->extra[j].name);
@@ -734,6 +811,7 @@ void tps_lspec_free(tps_lspec *s)
         tps_pl_strv_free(s->renames[i].patterns, s->renames[i].npat);
         tps_pl_strv_free(s->renames[i].model_types, s->renames[i].nmt);
         free(s->renames[i].as);
+        free(s->renames[i].only_last);
     }
     free(s->renames);
     free(s);

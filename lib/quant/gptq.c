@@ -170,6 +170,11 @@ const tps_qmethod tps_qm_awq = {
     .weight_suffix = ".qweight",
     .transposed = 1,
     .scales_model_dtype = 1,
+    /* auto_awq.py AutoAWQConfig.maybe_update_config: without the list, the
+     * modules of the files whose tensors are all floats; in rank files the
+     * fused modules' names and a MoE's router (mlp.experts.gate) are not the
+     * source's, so the router would be built quantized */
+    .skip_list = "modules_to_not_convert",
     /* BaseAWQLinearMethod.create_weights: group_size -1 means input_size */
     .channel_rowwise_refusal = "vLLM 0.33's AWQ treats group_size -1 as one group of all "
                                "input features, which a row-parallel rank cannot hold (\"The "

@@ -554,30 +554,59 @@ tps_err tps_quant_serving_config(tps_ctx *ctx, const tps_ckpt *ck, const tps_qua
                                  const char *text, char **out)
 {
     *out = NULL;
-    if (!q || !q->m->module_list || !text) return TPS_OK;
+    if (!q || (!q->m->module_list && !q->m->skip_list) || !text) return TPS_OK;
     cJSON *cfg = cJSON_Parse(text);
     cJSON *qc = cfg ? cJSON_GetObjectItemCaseSensitive(cfg, "quantization_config") : NULL;
     if (!cJSON_IsObject(qc)) {
         cJSON_Delete(cfg);
         return cfg ? TPS_OK : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     }
-    const cJSON *have = cJSON_GetObjectItemCaseSensitive(qc, q->m->module_list);
+    const char *key = q->m->module_list ? q->m->module_list : q->m->skip_list;
+    const cJSON *have = cJSON_GetObjectItemCaseSensitive(qc, key);
     if (cJSON_IsArray(have) && cJSON_GetArraySize(have) > 0) {
         cJSON_Delete(cfg);
         return TPS_OK;
     }
-    cJSON_DeleteItemFromObjectCaseSensitive(qc, q->m->module_list);
-    cJSON *list = cJSON_AddArrayToObject(qc, q->m->module_list);
+    cJSON_DeleteItemFromObjectCaseSensitive(qc, key);
+    cJSON *list = cJSON_AddArrayToObject(qc, key);
     size_t sl = strlen(q->m->weight_suffix), stem;
-    for (size_t i = 0; list && i < ck->n; i++) {
-        if (q->role[i] != TPS_QR_WEIGHT || !has_suffix(ck->t[i].name, q->m->weight_suffix, &stem))
-            continue;
-        char *m = tps_asprintf("%.*s", (int)(strlen(ck->t[i].name) - sl), ck->t[i].name);
-        cJSON *x = m ? cJSON_CreateString(m) : NULL;
-        free(m);
-        if (!x || !cJSON_AddItemToArray(list, x)) {
-            cJSON_Delete(x);
-            list = NULL;
+    if (q->m->module_list) {
+        for (size_t i = 0; list && i < ck->n; i++) {
+            if (q->role[i] != TPS_QR_WEIGHT || !has_suffix(ck->t[i].name, q->m->weight_suffix, &stem))
+                continue;
+            char *m = tps_asprintf("%.*s", (int)(strlen(ck->t[i].name) - sl), ck->t[i].name);
+            cJSON *x = m ? cJSON_CreateString(m) : NULL;
+            free(m);
+            if (!x || !cJSON_AddItemToArray(list, x)) {
+                cJSON_Delete(x);
+                list = NULL;
+            }
+        }
+    } else {
+        /* the modules (names but their last component, in name order) whose
+         * every tensor is F16, BF16 or F32 */
+        for (size_t i = 0; list && i < ck->n;) {
+            const char *dot = strrchr(ck->t[i].name, '.');
+            size_t ml = dot ? (size_t)(dot - ck->t[i].name) : strlen(ck->t[i].name);
+            int floats = 1;
+            size_t j = i;
+            for (; j < ck->n && !strncmp(ck->t[j].name, ck->t[i].name, ml) &&
+                   strrchr(ck->t[j].name, '.') == ck->t[j].name + ml;
+                 j++) {
+                tps_dtype d = ck->t[j].dtype;
+                floats &= d == TPS_F16 || d == TPS_BF16 || d == TPS_F32;
+            }
+            if (j == i) j = i + 1;
+            if (floats) {
+                char *m = tps_asprintf("%.*s", (int)ml, ck->t[i].name);
+                cJSON *x = m ? cJSON_CreateString(m) : NULL;
+                free(m);
+                if (!x || !cJSON_AddItemToArray(list, x)) {
+                    cJSON_Delete(x);
+                    list = NULL;
+                }
+            }
+            i = j;
         }
     }
     *out = list ? cJSON_Print(cfg) : NULL;

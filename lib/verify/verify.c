@@ -32,6 +32,7 @@
  *
  * The parts: verify_analysis.c (what each tensor must hold, how it is
  * read), verify_packed.c (a serving layout's packed tensors),
+ * verify_dequant.c (packed methods' codes, dequantized on both sides),
  * verify_job.c and verify_scales.c (the products of a tensor),
  * verify_task.c (the task runner), verify_finalize.c (a tensor's end,
  * its report rows), verify_report.c (the report). This file: the driver,
@@ -463,6 +464,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     TPS_FAIL_IF(V->next_final != V->nu, ctx, TPS_E_IO, "verify: %zu tensors left unfinished",
                 V->nu - V->next_final);
     TPS_CHECK(check_rest(V));
+    TPS_CHECK(tps_vd_check(V));
     TPS_CHECK(check_stages(V));
     if (V->src && !R->ok) TPS_CHECK(blame_source(V));
     if (V->gpu) {

@@ -148,7 +148,7 @@ open(p, "wb").write(struct.pack("<Q", len(j)) + j + body)
 EOF
 expect_exit 1 "a checkpoint missing v_proj is refused by the fused layout" -- tps split "$T/m-nov" --tp 2 --layout vllm -o "$T/r2"
 expect_stderr_has "lacks 'model.layers.0.self_attn.v_proj.weight'" "the refusal names the missing part"
-expect_exit 1 "vllm does not cover Gemma4" -- tps plan "$CONF/gemma4-e-tp2/model" --tp 2 --layout vllm
+expect_exit 1 "vllm does not cover multimodal Gemma3" -- tps plan "$CONF/gemma3-tp1/model" --tp 2 --layout vllm
 expect_stderr_has "covers" "the refusal names the architectures the layout covers"
 expect_exit 1 "an unknown layout name is an error" -- tps plan "$S" --tp 2 --layout vlm
 expect_stderr_has "built in: dtensor" "it lists the layouts"

@@ -25,6 +25,7 @@ sys.path.insert(0, os.path.join(TOP, "tests", "py"))
 sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle  # noqa: E402
 import packed_oracle  # noqa: E402
+import gemma4_oracle  # noqa: E402
 import gptoss_oracle  # noqa: E402
 import quant_oracle  # noqa: E402
 import serving_oracle  # noqa: E402
@@ -203,6 +204,8 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
     return quant_oracle.write_model(out, config, tensors)
 
 
+GEMMA4_FP8 = dict(hidden=256, head_dim=128, global_head_dim=256, inter=256, ple=64, vocab=300,
+                  vocab_pl=260, seed=5)
 GPT_OSS = dict(hidden=64, heads=4, kv_heads=4, head_dim=64, experts=4, vocab=100)
 
 QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter=256,
@@ -274,6 +277,27 @@ MODELS = {
                                                               group=32),
     "qwen3_moe-gptq": lambda out: packed_oracle.build_moe(out, "gptq", E=4, H=128, I=256,
                                                           group=32),
+    "qwen3_moe-awq": lambda out: packed_oracle.build_moe(out, "awq", E=4, H=128, I=256,
+                                                         group=32),
+    # Gemma 4 (Gemma4ForCausalLM): the E series (per-layer inputs, KV-shared layers with a
+    # double-wide MLP, k_eq_v full layers with their own head size and one global KV head, a
+    # per-layer vocabulary of its own size), the same shipping the KV-shared layers' K/V
+    # (vLLM skips them), and the 31B style (no per-layer inputs, none shared, untied)
+    "gemma4-e": _fam(gemma4_oracle.make_checkpoint),
+    "gemma4-e-shipkv": _fam(gemma4_oracle.make_checkpoint, ship_shared_kv=True, k_eq_v=False,
+                            vocab_pl=250, seed=1),
+    "gemma4-dense": _fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4, global_kv_heads=2,
+                         ple=0, kv_shared=0, double_wide=False, tied=False, vocab=320, seed=2),
+    # the full layers' sizes in per_layer_config (transformers 5's form), not global_* fields
+    "gemma4-e-plc": _fam(gemma4_oracle.make_checkpoint, per_layer_config=True, seed=3),
+    # the multimodal Gemma4ForConditionalGeneration (text model, vision tower, no audio)
+    "gemma4-mm-e": _fam(gemma4_oracle.make_checkpoint, multimodal=True, seed=6),
+    # FP8 Gemma 4 E series: every linear weight but the embeddings', 128-row heads so that
+    # block scales split on whole blocks (per_layer_model_projection 256 rows)
+    "gemma4-e-fp8-block": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8), "block",
+                                 _router),
+    "gemma4-e-ct-fp8-channel": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8),
+                                      "ct-channel", _router, scale_dtype="BF16"),
     # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
     # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
     # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven

@@ -24,6 +24,7 @@ def apply_vllm():
               "process_weights_after_loading, neither of which the oracle runs, and "
               "the parameters are created by Fp8LinearMethod.create_weights whatever the kernel")
     apply_vllm_nvfp4_kernel()
+    apply_vllm_wna16_moe_backend()
 
 
 def apply_vllm_nvfp4_kernel():
@@ -44,6 +45,31 @@ def apply_vllm_nvfp4_kernel():
           "linear refuses to be built; the kernel runs at forward and in "
           "process_weights_after_loading only, and the parameters are created by "
           "create_weights whatever the kernel")
+
+
+def apply_vllm_wna16_moe_backend():
+    """Packed-integer experts on this CPU: Marlin's MoE backend, as on a GPU."""
+    from vllm.model_executor.layers.fused_moe.oracle import int_wna16
+    from vllm.model_executor.layers.quantization import auto_awq, auto_gptq
+    from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe import (
+        compressed_tensors_moe_wna16 as ct_moe)
+
+    orig = int_wna16.select_wna16_moe_backend
+
+    def select(*a, **k):
+        try:
+            return orig(*a, **k)
+        except NotImplementedError:
+            b = int_wna16.WNA16MoEBackend.MARLIN
+            return b, int_wna16.backend_to_kernel_cls(b)[0]
+    for mod in (auto_gptq, auto_awq, ct_moe):
+        mod.select_wna16_moe_backend = select
+    _note("vllm", "layers/fused_moe/oracle/int_wna16.py select_wna16_moe_backend (as auto_gptq.py, "
+          "auto_awq.py and compressed_tensors_moe_wna16.py import it)",
+          "falls back to the MARLIN backend where it finds none on this CPU (NotImplementedError: "
+          "No WNA16 MoE backend supports the deployment configuration): the backend is the "
+          "kernel that runs at forward and in process_weights_after_loading; the experts' "
+          "parameters are created by create_weights whatever it is")
 
 
 def _kernel_stub(module, names, why_engine, where, why):

@@ -82,7 +82,7 @@ CASES = [
     (V, "llama-nvfp4", "nvfp4", 2, 1), (V, "llama-nvfp4", "nvfp4", 4, 1),
     (V, "llama-ct-nvfp4", "ct-nvfp4", 2, 1),
     (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 2, 1), (V, "qwen3_moe-ct-w4a16", "ct-w4a16", 4, 1),
-    (V, "qwen3_moe-gptq", "gptq", 2, 1),
+    (V, "qwen3_moe-gptq", "gptq", 2, 1), (V, "qwen3_moe-awq", "awq", 2, 1),
     # SGLang
     (S, "llama", "bf16", 2, 1), (S, "llama", "bf16", 4, 1),
     (S, "qwen2", "bf16", 2, 1), (S, "qwen3-tied", "bf16", 2, 1), (S, "mistral", "bf16", 2, 1),
@@ -94,10 +94,21 @@ CASES = [
     (S, "mixtral-fp8-tensor", "fp8-tensor", 2, 1),
     (S, "qwen3_moe-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     (S, "deepseek_v3-fp8-block", "fp8-block", 2, 1),
+    # Gemma 4, vLLM
+    (V, "gemma4-e", "bf16", 2, 1), (V, "gemma4-e", "bf16", 4, 1),
+    (V, "gemma4-e-shipkv", "bf16", 2, 1), (V, "gemma4-e-plc", "bf16", 2, 1),
+    (V, "gemma4-dense", "bf16", 2, 1), (V, "gemma4-dense", "bf16", 4, 1),
+    (V, "gemma4-mm-e", "bf16", 2, 1), (V, "gemma4-mm-e", "bf16", 4, 1),
+    (V, "gemma4-e-fp8-block", "fp8-block", 2, 1),
+    (V, "gemma4-e-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     # pipeline parallel, vLLM
     (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),
     (V, "qwen3_moe", "bf16", 2, 2), (V, "qwen3_moe", "bf16", 1, 3),
+    # Gemma 4 31B style (every stage builds the embedding, norm and head); the E series at
+    # pp 2 parts KV-shared layers from the layers whose cache they read, which vLLM refuses
+    # on the later stage only (its first stage builds), and tpshard refuses whole
+    (V, "gemma4-dense", "bf16", 2, 2), (V, "gemma4-dense", "bf16", 1, 3),
     # gpt-oss: tpshard refuses both serving layouts (plans/layouts/vllm.yaml says why), so these
     # fail as "refused" until it writes them; the oracle rows check gptoss_oracle.vllm_ranks,
     # what test_gpt_oss.py and that future layout rely on, against vLLM itself

@@ -433,6 +433,16 @@ def _cat(ts, axis):
     return (d, list(a.shape), a.tobytes())
 
 
+def _not_converted(names):
+    """vLLM's AutoAWQConfig.maybe_update_config from a checkpoint's dtypes: the
+    modules whose tensors are all F16, BF16 or F32."""
+    mods = {}
+    for n, (dt, _, _) in names.items():
+        m = n.rsplit(".", 1)[0]
+        mods[m] = mods.get(m, True) and dt in ("F16", "BF16", "F32")
+    return sorted(m for m, f in mods.items() if f)
+
+
 def expected_config(d):
     """The config.json vLLM needs beside GPTQ rank files: the source's, its
     quantization_config naming the quantized modules
@@ -445,6 +455,8 @@ def expected_config(d):
         names = _st_read(os.path.join(d, "model.safetensors"))
         qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
                                                     if n.endswith(".qweight"))
+    if qc["quant_method"] == "awq" and not qc.get("modules_to_not_convert"):
+        qc["modules_to_not_convert"] = _not_converted(_st_read(os.path.join(d, "model.safetensors")))
     return cfg
 
 
@@ -650,6 +662,8 @@ def moe_expected_config(d):
         names = _st_read(os.path.join(d, "model.safetensors"))
         qc["modules_in_block_to_quantize"] = sorted(n[:-len(".qweight")] for n in names
                                                     if n.endswith(".qweight"))
+    if qc["quant_method"] == "awq" and not qc.get("modules_to_not_convert"):
+        qc["modules_to_not_convert"] = _not_converted(_st_read(os.path.join(d, "model.safetensors")))
     return cfg
 
 

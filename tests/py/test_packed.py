@@ -147,8 +147,15 @@ def run_case(name, tp, full=False):
         report(rc == 1 and os.path.basename(path) in se + so,
                f"{label}: check fails with one flipped bit of {victim} on rank {tp - 1}, naming "
                "its file", f"rc {rc}\n{se}{so}")
-        rc, so, se = tps("verify", tampered, "--source", m)
-        report(rc == 1, f"{label}: verify --source fails with it", f"rc {rc}\n{se}{so[-800:]}")
+        rc, so, se = tps("verify", tampered, "--source", m, "--json")
+        try:
+            failed = [(c.get("check"), c.get("kind")) for c in json.loads(so).get("checks", [])
+                      if not c.get("ok")]
+        except ValueError:
+            failed = []
+        deq = [c for c, k in failed if k == "dequant"]
+        report(rc == 1 and bool(deq), f"{label}: verify --source fails with it, its dequantized "
+               f"products too ({deq[0] if deq else 'none'})", f"rc {rc}; failed {failed[:6]}\n{se}")
 
 
 MOE = {
@@ -315,6 +322,73 @@ def big_gptq():
     report(rc == 0, "packed vllm gen_llama --gptq tp 8: check passes", f"rc {rc}\n{se}")
 
 
+def bf16_pad():
+    """--pad-intermediate on an unquantized LLaMA (intermediate 100, tp 8): the
+    rank files equal those of a plain split of the same model zero-padded to
+    104 by hand (gate/up rows, down_proj columns), byte for byte; check,
+    verify --source and merge (the unpadded source back)."""
+    rng = np.random.default_rng(9)
+    H, I, V, layers = 64, 100, 256, 2
+
+    def f16(*shape):
+        return po._t(rng.standard_normal(shape).astype(np.float16), "F16")
+
+    t = {"model.embed_tokens.weight": f16(V, H), "lm_head.weight": f16(V, H), "model.norm.weight": f16(H)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        t[p + "input_layernorm.weight"] = f16(H)
+        t[p + "post_attention_layernorm.weight"] = f16(H)
+        for n, sh in (("self_attn.q_proj", (64, H)), ("self_attn.k_proj", (64, H)),
+                      ("self_attn.v_proj", (64, H)), ("self_attn.o_proj", (H, 64)),
+                      ("mlp.gate_proj", (I, H)), ("mlp.up_proj", (I, H)), ("mlp.down_proj", (H, I))):
+            t[p + n + ".weight"] = f16(*sh)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
+           "intermediate_size": I, "num_attention_heads": 8, "num_key_value_heads": 8,
+           "head_dim": 8, "num_hidden_layers": layers, "vocab_size": V, "torch_dtype": "float16",
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-6}
+    m, mp = os.path.join(TMP, "m-bf16-i100"), os.path.join(TMP, "m-bf16-i104")
+    for d, tensors, c in ((m, t, cfg), (mp, None, dict(cfg, intermediate_size=104))):
+        os.makedirs(d, exist_ok=True)
+        if tensors is None:
+            tensors = {}
+            for n, (dt, sh, b) in t.items():
+                a = np.frombuffer(b, np.float16).reshape(sh)
+                if ".mlp.gate_proj" in n or ".mlp.up_proj" in n:
+                    a = np.concatenate([a, np.zeros((104 - I, H), np.float16)])
+                if ".mlp.down_proj" in n:
+                    a = np.concatenate([a, np.zeros((H, 104 - I), np.float16)], axis=1)
+                tensors[n] = po._t(a, dt)
+        po._st_write(os.path.join(d, "model.safetensors"), tensors)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f)
+    out, ref = os.path.join(TMP, "o-bf16-pad"), os.path.join(TMP, "o-bf16-padded-plain")
+    rc0, _, se0 = tps("split", m, "--tp", 8, "-o", out + "-x", "-q", "--layout", "vllm")
+    rc, _, se = tps("split", m, "--tp", 8, "-o", out, "-q", "--layout", "vllm", "--pad-intermediate")
+    rc2, _, se2 = tps("split", mp, "--tp", 8, "-o", ref, "-q", "--layout", "vllm")
+    if rc or rc2:
+        report(False, "packed: --pad-intermediate of a BF16 LLaMA at tp 8", f"{se}{se2}")
+        return
+    a, pa = ranktest.read_rank_files(out, 8)
+    b, pb = ranktest.read_rank_files(ref, 8)
+    problems = pa + pb
+    for r in range(8):
+        problems += ranktest.compare(b.get(r, {}), a.get(r, {}), f"rank {r}")
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f).get("intermediate_size") != 104:
+            problems.append("config.json's intermediate_size is not 104")
+    report(rc0 == 1 and not problems, "packed: --pad-intermediate of a BF16 LLaMA (intermediate "
+           "100, refused plain at tp 8) writes the rank files of the model zero-padded to 104",
+           "\n".join(problems[:10]) + se0[-200:])
+    rc, so, se = tps("check", out)
+    report(rc == 0, "packed: BF16 --pad-intermediate: check passes", se)
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, "packed: BF16 --pad-intermediate: verify --source passes", se + so[-800:])
+    rc, so, se = tps("merge", out, "-o", out + "-merged")
+    src, got = sources(m), sources(out + "-merged") if rc == 0 else {}
+    report(rc == 0 and src == got, "packed: BF16 --pad-intermediate: merge gives back the "
+           "unpadded source", se[-300:])
+
+
 def working_tps():
     """plan --json's working_tp: every tp the oracle accepts, no other."""
     for name in ("gptq-g128", "gptq-i384", "ct-asym-hd4", "nvfp4-i224", "awq-ch", "ct-g128",
@@ -403,6 +477,7 @@ def main():
                      ("pad-ct-i224", 2), ("pad-awq-i224", 4)):
         pad_case(name, tp)
     big_gptq()
+    bf16_pad()
     working_tps()
     layout_refusals()
     bad_inputs()

@@ -379,9 +379,7 @@ def refusals():
             # GPTQ and AWQ are read (and their input checked): the DTensor
             # layout refuses their packed words for good; vLLM's is
             # test_packed.py's
-            # (compressed-tensors' WNA16 and NVFP4, ModelOpt's NVFP4: the same)
-            packed = method in ("gptq", "awq", "modelopt") or kind in (
-                "nvfp4 (compressed-tensors)", "int4 w4a16 (compressed-tensors)")
+            packed = method in ("gptq", "awq", "modelopt") or kind.endswith("(compressed-tensors)")
             if packed and layout == "vllm":
                 continue
             # MXFP4 is split for gpt-oss (test_gpt_oss.py): on this LLaMA it is refused as
