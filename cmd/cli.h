@@ -77,6 +77,18 @@ int cli_untie(tps_ctx *ctx, tps_ckpt *ck, tps_plan *plan, const tps_layout_spec 
 int cli_pipeline(const char *usage, const char *cmd, long *pp, const char *pp_layers,
                  const tps_layout_spec *spec, int **layers);
 
+/* --moe-backend NAME (plan, split): vLLM's MoE backend for MXFP4 experts
+ * (tps_moe_backend_find); NULL: TPS_MOE_BACKEND_DEFAULT. An unknown name is a
+ * usage error: 2 after printing it and the names, else 0 and *out. */
+int cli_moe_backend(const char *usage, const char *cmd, const char *name,
+                    const tps_moe_backend **out);
+/* What --moe-backend (given: named by the user) does for ck under the layout
+ * (NULL: dtensor): a note on stderr when it is ignored. */
+void cli_moe_backend_note(tps_ctx *ctx, const tps_ckpt *ck, const char *layout,
+                          const tps_moe_backend *b, int given);
+/* The backend plan's and inspect's quantization line shows for MXFP4 experts. */
+extern const tps_moe_backend *g_moe_backend;
+
 /* Subcommands: each returns the exit status. */
 int cmd_inspect(int argc, char **argv);
 int cmd_plan(int argc, char **argv);

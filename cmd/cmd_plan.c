@@ -10,7 +10,7 @@ static int g_pad; /* --pad-intermediate */
 
 const char usage_plan[] =
     "usage: tpshard plan MODEL --tp N [--plan FILE | --family NAME] [--layout NAME|FILE] [--ep] "
-    "[--pad-intermediate] [--pp N] [--pp-layers LIST] [--untie] [--list] [--json]\n"
+    "[--pad-intermediate] [--pp N] [--pp-layers LIST] [--moe-backend NAME] [--untie] [--list] [--json]\n"
     "\n"
     "Shows, without writing anything, how the plan places every tensor at tensor-\n"
     "parallel size N: style, placement, global and local shapes, bytes per rank,\n"
@@ -27,6 +27,8 @@ const char usage_plan[] =
     "  --pp N          --layout vllm: N pipeline stages, as split --pp: the stage of\n"
     "                  every tensor and layer, the bytes of every rank (worker)\n"
     "  --pp-layers L   each stage's layers, as split --pp-layers\n"
+    "  --moe-backend B MXFP4 experts (gpt-oss): the vLLM MoE backend whose round-up of\n"
+    "                  the expert shapes to show, as split --moe-backend (default triton)\n"
     "  --untie         plan the split of a tied checkpoint as split --untie writes it\n"
     "  --list          list the built-in plans and layouts and exit\n"
     "  --json          one JSON document on stdout\n"
@@ -146,12 +148,72 @@ static void shape_into(const uint64_t *s, int n, int dim, uint64_t dimlen, char 
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
+const tps_moe_backend *g_moe_backend;
+
+int cli_moe_backend(const char *usage, const char *cmd, const char *name,
+                    const tps_moe_backend **out)
+{
+    *out = tps_moe_backend_find(name ? name : TPS_MOE_BACKEND_DEFAULT);
+    if (*out) return 0;
+    size_t n;
+    const tps_moe_backend *b = tps_moe_backend_list(&n);
+    char names[512];
+    size_t o = 0;
+    for (size_t i = 0; i < n && o < sizeof names; i++)
+        o += (size_t)snprintf(names + o, sizeof names - o, "%s%s", i ? ", " : "", b[i].name);
+    return cli_usage_error(usage, "%s: --moe-backend '%s' is not a vLLM MoE backend for MXFP4 "
+                                  "experts tpshard knows (%s)",
+                           cmd, name, names);
+}
+
+void cli_moe_backend_note(tps_ctx *ctx, const tps_ckpt *ck, const char *layout,
+                          const tps_moe_backend *b, int given)
+{
+    tps_quant_view q;
+    if (!given || g_display < 1) return;
+    int mx = !tps_ckpt_quantization(ctx, ck, &q) && q.method && !strcmp(q.method, "mxfp4");
+    if (!mx)
+        fprintf(stderr, "tpshard: note: --moe-backend %s is ignored: this checkpoint has no MXFP4 "
+                        "experts (%s), and no other expert format depends on vLLM's MoE "
+                        "backend\n",
+                b->name, q.method ? q.method : "not quantized");
+    else if (!layout || !strcmp(layout, "dtensor"))
+        fprintf(stderr, "tpshard: note: --moe-backend %s is ignored by the dtensor layout: "
+                        "transformers' gpt-oss plan replicates the MXFP4 experts whole, unpadded\n",
+                b->name);
+}
+
+/* MXFP4 experts: what they are, and what vLLM's backend would make of them. */
+static void mxfp4_line(const tps_quant_view *q)
+{
+    const tps_moe_backend *b = g_moe_backend ? g_moe_backend
+                                             : tps_moe_backend_find(TPS_MOE_BACKEND_DEFAULT);
+    printf("quantization: mxfp4: %zu MXFP4 expert projections (U8 blocks of 32 e2m1 codes, "
+           "E8M0 scales), the rest unquantized\n",
+           q->weights);
+    char h[48];
+    if (b->hidden_align > 1) snprintf(h, sizeof h, "rounded up to a multiple of %u", b->hidden_align);
+    else snprintf(h, sizeof h, "as is");
+    printf("  vLLM MoE backend for --layout vllm: %s%s: hidden size %s, each rank's "
+           "intermediate size rounded up to a multiple of %u\n",
+           b->name,
+           !strcmp(b->name, TPS_MOE_BACKEND_DEFAULT)
+               ? " (the default: vLLM 0.33's own choice for MXFP4 on a Hopper GPU; "
+                 "--moe-backend to change)"
+               : "",
+           h, b->inter_align);
+}
+
 void cli_quant_line(tps_ctx *ctx, const tps_ckpt *ck)
 {
     tps_quant_view q;
     if (tps_ckpt_quantization(ctx, ck, &q) || !q.method) return;
     if (!q.supported) {
         printf("quantization: %s, not supported: %s\n", q.method, q.problem);
+        return;
+    }
+    if (!strcmp(q.method, "mxfp4")) {
+        mxfp4_line(&q);
         return;
     }
     if (q.bits) {
@@ -479,9 +541,11 @@ int cmd_plan(int argc, char **argv)
         {"pp", required_argument, 0, 'P'},   {"pp-layers", required_argument, 0, 'Y'},
         {"json", no_argument, 0, 'j'},       {"help", no_argument, 0, 'h'},
         {"quiet", no_argument, 0, 'q'},      {"verbose", no_argument, 0, 'v'},
+        {"moe-backend", required_argument, 0, 'B'},
         {0, 0, 0, 0}};
     long tp = 0, pp = 0;
     const char *plan_file = NULL, *family = NULL, *layout = NULL, *pp_layers = NULL;
+    const char *moe_backend = NULL;
     int *stage_layers = NULL;
     int list = 0, untie = 0, ep = 0, pad = 0, c;
     optind = 1;
@@ -501,6 +565,7 @@ int cmd_plan(int argc, char **argv)
             if (cli_parse_int(usage_plan, "--pp", optarg, 1, 4096, &pp)) return 2;
             break;
         case 'Y': pp_layers = optarg; break;
+        case 'B': moe_backend = optarg; break;
         default: {
             int st = cli_common_option(c, usage_plan, argv);
             if (st >= 0) return st;
@@ -511,6 +576,7 @@ int cmd_plan(int argc, char **argv)
     if (plan_file && family) return cli_usage_error(usage_plan, "plan: --plan and --family conflict; give one");
     if (optind != argc - 1) return cli_usage_error(usage_plan, "plan: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_plan, "plan: --tp N is required");
+    if (cli_moe_backend(usage_plan, "plan", moe_backend, &g_moe_backend)) return 2;
     if (ep && (!layout || !strcmp(layout, "dtensor")))
         return cli_usage_error(usage_plan, "plan: --ep is for the serving layouts (--layout vllm or "
                                     "sglang); the dtensor layout splits experts as the plan says");
@@ -523,6 +589,7 @@ int cmd_plan(int argc, char **argv)
     if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (!status) status = cli_pipeline(usage_plan, "plan", &pp, pp_layers, spec, &stage_layers);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
+    if (!status) cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
     if (!status) {
         tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1,
                                           stage_layers, pad, &L);

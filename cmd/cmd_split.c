@@ -7,7 +7,7 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ep] [--pad-intermediate] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
+    "[--ep] [--pad-intermediate] [--moe-backend NAME] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
     "[--mmap | --no-mmap] [--copy] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
@@ -29,6 +29,11 @@ const char usage_split[] =
     "                       split at N on whole groups and words (Qwen2-72B's 29568 at\n"
     "                       tp 8), pad it with zeros that dequantize to 0 to the next\n"
     "                       size that does (config.json says the new size)\n"
+    "  --moe-backend NAME   MXFP4 experts (gpt-oss), --layout vllm: vLLM's MoE backend\n"
+    "                       (its --moe-backend names: triton, marlin, flashinfer_trtllm,\n"
+    "                       flashinfer_cutlass, cutlass, deep_gemm, cpu, ...), whose\n"
+    "                       round-up sets the expert shapes; default triton, vLLM 0.33's\n"
+    "                       choice on a Hopper GPU; ignored, with a note, elsewhere\n"
     "  --pp N               --layout vllm: N pipeline stages of --tp ranks each, files\n"
     "                       model-pp-{stage}-tp-{rank}-part-{p}.safetensors, each layer on\n"
     "                       the stage vLLM gives it (VLLM_PP_LAYER_PARTITION when set)\n"
@@ -67,9 +72,11 @@ int cmd_split(int argc, char **argv)
         {"pad-intermediate", no_argument, 0, 'I'},
         {"pp", required_argument, 0, 'P'},       {"pp-layers", required_argument, 0, 'Y'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
-        {"help", no_argument, 0, 'h'},           {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'},           {"moe-backend", required_argument, 0, 'B'},
+        {0, 0, 0, 0}};
     long tp = 0, threads = 0, pp = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
+    const char *moe_backend = NULL;
     const char *pp_layers = NULL;
     int *stage_layers = NULL, pad = 0;
     uint64_t max_part = 0;
@@ -103,6 +110,7 @@ int cmd_split(int argc, char **argv)
             if (cli_parse_int(usage_split, "--pp", optarg, 1, 4096, &pp)) return 2;
             break;
         case 'Y': pp_layers = optarg; break;
+        case 'B': moe_backend = optarg; break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -112,6 +120,7 @@ int cmd_split(int argc, char **argv)
     if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");
     if (optind != argc - 1) return cli_usage_error(usage_split, "split: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_split, "split: --tp N is required");
+    if (cli_moe_backend(usage_split, "split", moe_backend, &g_moe_backend)) return 2;
     if (ep && (!layout || !strcmp(layout, "dtensor")))
         return cli_usage_error(usage_split, "split: --ep is for the serving layouts (--layout vllm or "
                                     "sglang); the dtensor layout splits experts as the plan says");
@@ -177,6 +186,7 @@ int cmd_split(int argc, char **argv)
     if (!status) status = cli_pipeline(usage_split, "split", &pp, pp_layers, spec, &stage_layers);
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
+    cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
     tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1, stage_layers, pad,
                                   &L);
     if (e) {

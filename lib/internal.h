@@ -950,6 +950,10 @@ typedef struct {
     /* what vLLM's loader refuses of a row-parallel cut with one group
      * (group_size -1) when tp > 1, or NULL: it keeps the scales whole */
     const char *channel_rowwise_refusal;
+    /* methods whose tensors are not X.weight beside its parts (MXFP4's
+     * X_blocks, X_scales): checks them all and counts q->nquant, in place
+     * of the part table */
+    tps_err (*bind)(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q);
 } tps_qmethod;
 
 extern const tps_qmethod *const tps_qmethods[];
@@ -957,6 +961,7 @@ extern const size_t tps_nqmethods;
 extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
 extern const tps_qmethod tps_qm_gptq, tps_qm_awq, tps_qm_ct_wna16; /* lib/quant/gptq.c */
 extern const tps_qmethod tps_qm_nvfp4, tps_qm_ct_nvfp4; /* lib/quant/nvfp4.c */
+extern const tps_qmethod tps_qm_mxfp4;               /* lib/quant/mxfp4.c */
 
 struct tps_quant {
     const tps_qmethod *m;

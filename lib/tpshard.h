@@ -283,6 +283,21 @@ tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *
 int tps_layout_padding(const tps_layout *L, int k, const char **field, uint64_t *from,
                        uint64_t *to);
 int tps_layout_pp(const tps_layout *L);     /* 1 without pipeline parallelism */
+
+/* vLLM's MoE backends for MXFP4 experts (split --moe-backend, vLLM's own
+ * --moe-backend names): the multiples vLLM 0.33 rounds an MXFP4 expert's
+ * hidden size and per-rank intermediate size up to when it creates the
+ * parameters (mxfp4_round_up_hidden_size_and_intermediate_size), on a CUDA
+ * platform. Static data: nothing to free. */
+typedef struct {
+    const char *name;
+    unsigned hidden_align, inter_align;
+    const char *what;
+} tps_moe_backend;
+/* The default, vLLM 0.33's automatic MXFP4 choice on a Hopper GPU. */
+#define TPS_MOE_BACKEND_DEFAULT "triton"
+const tps_moe_backend *tps_moe_backend_find(const char *name); /* NULL: unknown */
+const tps_moe_backend *tps_moe_backend_list(size_t *n);
 int tps_layout_ranks(const tps_layout *L);  /* tp * pp: the ranks (workers) with rank files */
 /* Stage s's layers: [*first, *first + *n); the whole model at pp 1 (n 0 without a count). */
 void tps_layout_stage(const tps_layout *L, int s, int *first, int *n);

@@ -21,7 +21,8 @@ static int has_suffix(const char *s, const char *suf, size_t *stem)
 }
 
 const tps_qmethod *const tps_qmethods[] = {&tps_qm_fp8, &tps_qm_ct_fp8, &tps_qm_gptq, &tps_qm_awq,
-                                            &tps_qm_ct_wna16, &tps_qm_nvfp4, &tps_qm_ct_nvfp4};
+                                            &tps_qm_ct_wna16, &tps_qm_nvfp4, &tps_qm_ct_nvfp4,
+                                            &tps_qm_mxfp4};
 const size_t tps_nqmethods = sizeof tps_qmethods / sizeof tps_qmethods[0];
 const char *const tps_qscale_names[TPS_QS_KINDS] = {"tensor", "channel", "block", "group"};
 const char *const tps_qscale_labels[TPS_QS_KINDS] = {"per-tensor", "per-channel", "block",
@@ -471,7 +472,8 @@ tps_err tps_quant_open(tps_ctx *ctx, const tps_ckpt *ck, tps_quant **out)
                 "out of memory");
     for (size_t i = 0; i < ck->n; i++) q->partner[i] = q->input[i] = q->zeros[i] = -1;
     if (qc) TPS_CHECK(method_of(ctx, ck, qc, q));
-    if (q->m && q->m->weight_suffix) TPS_CHECK(bind_packed(ctx, ck, q));
+    if (q->m && q->m->bind) TPS_CHECK(q->m->bind(ctx, ck, q));
+    else if (q->m && q->m->weight_suffix) TPS_CHECK(bind_packed(ctx, ck, q));
     else TPS_CHECK(find_parts(ctx, ck, qc, q));
     if (!qc) {
         tps_quant_free(q);

@@ -20,7 +20,7 @@ expect_exit 2 "--ranks beyond tp" -- tps split "$L" --tp 4 --ranks 4 -o "$T/x"
 expect_exit 2 "--ranks malformed" -- tps split "$L" --tp 4 --ranks 1-0 -o "$T/x"
 expect_exit 2 "--max-part-size malformed" -- tps split "$L" --tp 4 --max-part-size 5Q -o "$T/x"
 expect_exit 0 "--version" -- tps --version
-expect_stdout_has "built-in plans: deepseek_v3 gemma3 gemma4 llama mistral mixtral phi3 qwen2 qwen3 qwen3_moe" "--version lists the plans"
+expect_stdout_has "built-in plans: deepseek_v3 gemma3 gemma4 gpt_oss llama mistral mixtral phi3 qwen2 qwen3 qwen3_moe" "--version lists the plans"
 
 # Default output: <name>-tp<N> beside the input, for a file and a directory.
 mkdir -p "$T/in" && cp "$L/model.safetensors" "$T/in/model.safetensors" && cp "$L/config.json" "$T/in/"

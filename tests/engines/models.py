@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.join(TOP, "testdata"))
 import family_oracle  # noqa: E402
 import packed_oracle  # noqa: E402
 import gemma4_oracle  # noqa: E402
+import gptoss_oracle  # noqa: E402
 import quant_oracle  # noqa: E402
 import serving_oracle  # noqa: E402
 
@@ -205,6 +206,7 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
 
 GEMMA4_FP8 = dict(hidden=256, head_dim=128, global_head_dim=256, inter=256, ple=64, vocab=300,
                   vocab_pl=260, seed=5)
+GPT_OSS = dict(hidden=64, heads=4, kv_heads=4, head_dim=64, experts=4, vocab=100)
 
 QWEN3_MOE = dict(hidden=256, heads=4, kv_heads=2, head_dim=128, experts=4, inter=256,
                  vocab=300, layers=2)
@@ -300,6 +302,12 @@ MODELS = {
                                  _router),
     "gemma4-e-ct-fp8-channel": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8),
                                       "ct-channel", _router, scale_dtype="BF16"),
+    # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
+    # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
+    # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven
+    # (tp 2: 96 + 64 rows; tp 4: 64, 64, 32, 0) and its round-up pads (cpu backend: x32).
+    "gpt_oss": _fam(gptoss_oracle.checkpoint, quant="bf16", inter=128, **GPT_OSS),
+    "gpt_oss-mxfp4": _fam(gptoss_oracle.checkpoint, quant="mxfp4", inter=160, **GPT_OSS),
 }
 
 

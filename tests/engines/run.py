@@ -110,7 +110,22 @@ CASES = [
     # pp 2 parts KV-shared layers from the layers whose cache they read, which vLLM refuses
     # on the later stage only (its first stage builds), and tpshard refuses whole
     (V, "gemma4-dense", "bf16", 2, 2), (V, "gemma4-dense", "bf16", 1, 3),
+    # gpt-oss: tpshard refuses both serving layouts (plans/layouts/vllm.yaml says why), so these
+    # fail as "refused" until it writes them; the oracle rows check gptoss_oracle.vllm_ranks,
+    # what test_gpt_oss.py and that future layout rely on, against vLLM itself
+    (V, "gpt_oss", "bf16", 1, 1), (V, "gpt_oss", "bf16", 2, 1), (V, "gpt_oss", "bf16", 4, 1),
+    (V, "gpt_oss-mxfp4", "mxfp4", 1, 1), (V, "gpt_oss-mxfp4", "mxfp4", 2, 1),
+    (V, "gpt_oss-mxfp4", "mxfp4", 4, 1),
+    (S, "gpt_oss", "bf16", 2, 1), (S, "gpt_oss-mxfp4", "mxfp4", 2, 1),
 ]
+
+# Models with an oracle of the engine's rank state (tests/py): engine -> model ->
+# (config, tensors, tp) -> [{name: (dtype, shape, bytes)}] per rank.  vLLM's CPU platform picks
+# the cpu MXFP4 backend (oracle/mxfp4.py _get_priority_backends), whose round-up is x32.
+sys.path.insert(0, os.path.join(TOP, "tests", "py"))
+import gptoss_oracle  # noqa: E402
+ORACLES = {V: {"gpt_oss": lambda c, t, tp: gptoss_oracle.vllm_ranks(c, t, tp),
+               "gpt_oss-mxfp4": lambda c, t, tp: gptoss_oracle.vllm_ranks(c, t, tp, "cpu")}}
 
 
 def case_name(engine, model, tp, pp):
@@ -118,7 +133,7 @@ def case_name(engine, model, tp, pp):
 
 
 def family_of(model):
-    return re.split(r"-(?:fp8|ct|yarn)", model)[0]
+    return re.split(r"-(?:fp8|ct|yarn|mxfp4)", model)[0]
 
 
 # What an engine raises when it refuses a model at that tp (its divide()
@@ -263,6 +278,25 @@ def run_case(c, log):
                     ok, result = True, "ok (bytes equal, ShardedStateLoader loads)"
             rows.append((eng, family_of(model), fmt, tp if pp == 1 else f"{tp}x{pp}pp", rank,
                          ok, result, n))
+    oracle = ORACLES.get(eng, {}).get(model)
+    if oracle and pp == 1:
+        with open(os.path.join(mdir, "config.json")) as f:
+            cfg = json.load(f)
+        src = {}
+        for f in sorted(glob.glob(os.path.join(mdir, "*.safetensors"))):
+            src.update(read_st(f))
+        want = oracle(cfg, src, tp)
+        for tr in range(tp):
+            s = saved.get((0, tr)) or {"ok": False, "error": "no answer"}
+            if not s["ok"]:
+                rows.append(("oracle", family_of(model), fmt, tp, f"{tr}", False,
+                             f"engine cannot run here: {first_line(s['error'])}", 0))
+                continue
+            e, _ = rank_state(exp, tr, 0, 1)
+            diff = compare(e, want[tr])
+            rows.append(("oracle", family_of(model), fmt, tp, f"{tr}", not diff,
+                         f"tests/py oracle {'differs: ' + diff if diff else 'equals the engine'}",
+                         len(set(e) & set(want[tr]))))
     return rows
 
 
