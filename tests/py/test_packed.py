@@ -345,6 +345,9 @@ def big_gptq():
     1 KiB in fused qweights long enough for the writer's mapped path; the rank
     files are the oracle's, check and verify pass."""
     gen = os.path.join(os.environ.get("TOP", "."), "build", "gen_llama")
+    if not os.path.exists(gen):
+        report(False, "packed vllm gen_llama --gptq tp 8", f"{gen} is not built (make tests-bin)")
+        return
     m = os.path.join(TMP, "m-big-gptq")
     subprocess.run([gen, m, "--size", "64M", "--gptq", "--intermediate", "6144", "--vocab",
                     "4096", "-q"], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
