@@ -79,6 +79,9 @@ void tps_text_behind(const char *p);
 tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off);
 tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf, size_t len,
                         uint64_t off);
+struct iovec;
+tps_err tps_pwritev_full(tps_ctx *ctx, int fd, const char *path, struct iovec *iov, int n,
+                         uint64_t off);
 /* Writes text to dir/name atomically (tmp, fsync, rename). */
 tps_err tps_write_file_atomic(tps_ctx *ctx, const char *path, const void *buf, size_t len);
 tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst);

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -325,6 +326,35 @@ tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf,
         p += n;
         len -= (size_t)n;
         off += (uint64_t)n;
+    }
+    return TPS_OK;
+}
+
+/* pwritev of iov[0 .. n) at off, every byte, short writes resumed (the
+ * iovecs are advanced in place). */
+tps_err tps_pwritev_full(tps_ctx *ctx, int fd, const char *path, struct iovec *iov, int n,
+                         uint64_t off)
+{
+    while (n > 0) {
+        ssize_t w = pwritev(fd, iov, n > IOV_MAX ? IOV_MAX : n, (off_t)off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            int e = errno;
+            tps_err rc = write_errno(ctx, path, e);
+            errno = e;
+            return rc;
+        }
+        if (w == 0) return write_errno(ctx, path, ENOSPC);
+        off += (uint64_t)w;
+        while (n > 0 && (size_t)w >= iov->iov_len) {
+            w -= (ssize_t)iov->iov_len;
+            iov++;
+            n--;
+        }
+        if (n > 0 && w) {
+            iov->iov_base = (char *)iov->iov_base + w;
+            iov->iov_len -= (size_t)w;
+        }
     }
     return TPS_OK;
 }

@@ -19,8 +19,12 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/mman.h>
+#include <sys/uio.h>
 #include <unistd.h>
 #include <zlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define CHUNK (4u << 20) /* bytes a task moves; two buffers of it per thread */
 #define SUB (256u << 10) /* bytes moved per read/CRC/write step of a contiguous task */
@@ -280,6 +284,16 @@ typedef struct {
     int bus;
 } fsrc;
 
+/* pwrite to a rank file, counted in its writers (run_fused writes idle
+ * files first). */
+static tps_err ofile_write(engine *E, ofile *f, const void *buf, size_t len, uint64_t off)
+{
+    __atomic_add_fetch(&f->writers, 1, __ATOMIC_RELAXED);
+    tps_err rc = tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, off);
+    __atomic_sub_fetch(&f->writers, 1, __ATOMIC_RELAXED);
+    return rc;
+}
+
 static tps_err fused_source(engine *E, size_t t, uint64_t off, size_t len, char *buf, fsrc *fs)
 {
     int file;
@@ -317,7 +331,7 @@ static tps_err fused_source_fault(engine *E, size_t t)
 }
 
 /* Pieces P[k .. e) (one source read, at fs) copied into their rank
- * tensors' blocks of `out`, their CRCs taken. */
+ * tensors' blocks of `out` (NULL: only read), their CRCs taken. */
 static void fused_copy(engine *E, const fgroup *G, const fpiece *P, size_t k, size_t e,
                        uint64_t a, uint64_t b, uint64_t k0, const fsrc *fs, char *out,
                        const uint64_t *ob)
@@ -333,7 +347,7 @@ static void fused_copy(engine *E, const fgroup *G, const fpiece *P, size_t k, si
         uint32_t crc = 0;
         for (uint64_t i = i0; i < i1; i++) {
             const char *from = fs->src + (i - pr0 - k0) * step2 + inrow2;
-            memcpy(out + ob[P[m].j] + (i - a) * st + pc0, from, (size_t)run);
+            if (out) memcpy(out + ob[P[m].j] + (i - a) * st + pc0, from, (size_t)run);
             if (P[m].slot != SIZE_MAX) crc = (uint32_t)tps_crc32(crc, from, (size_t)run);
         }
         if (P[m].slot != SIZE_MAX) {
@@ -359,6 +373,282 @@ static int fused_copy_guarded(engine *E, const fgroup *G, const fpiece *P, size_
     fused_copy(E, G, P, k, e, a, b, k0, fs, out, ob);
     tps_guard_leave();
     return 0;
+}
+
+/* The rank tensors of group G written, rows [a, b) of each, one(u, i, f,
+ * off) writing the i-th at off of file f: files no other thread is
+ * writing first (writers of one file wait in turn on its lock: a kernel
+ * spin on two cores). Each thread starts at another rank tensor (thread t
+ * of T at t/T of the way round); a pass that finds every file busy writes
+ * the next one anyway. */
+typedef tps_err (*wb_fn)(engine *E, void *u, size_t i, ofile *f, uint64_t off);
+
+static tps_err write_blocks(engine *E, const fgroup *G, uint64_t a, wb_fn one, void *u)
+{
+    const tps_layout *L = E->L;
+    size_t first = 0, left = G->n;
+#ifdef _OPENMP
+    if (G->n && omp_get_num_threads() > 1)
+        first = (size_t)omp_get_thread_num() * G->n / (size_t)omp_get_num_threads() % G->n;
+#endif
+    unsigned char *done = tps_xcalloc(G->n ? G->n : 1, 1);
+    if (!done) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    while (!rc && left) {
+        size_t wrote = 0;
+        for (size_t w = 0; !rc && w < G->n; w++) {
+            size_t i = (first + w) % G->n;
+            if (done[i]) continue;
+            const tps_rtensor *rt = &L->rt[G->rts[i]];
+            const oslot *so = &E->slots[G->rts[i]];
+            ofile *f = &E->files[so->file];
+            if (__atomic_load_n(&f->writers, __ATOMIC_RELAXED) && !(wrote == 0 && w + 1 == G->n))
+                continue;
+            __atomic_add_fetch(&f->writers, 1, __ATOMIC_RELAXED);
+            rc = one(E, u, i, f, so->off + a * tps_rt_stride(rt));
+            __atomic_sub_fetch(&f->writers, 1, __ATOMIC_RELAXED);
+            done[i] = 1;
+            left--;
+            wrote++;
+        }
+    }
+    free(done);
+    return rc;
+}
+
+/* write_blocks from the assembly buffer: block i at out + ob[i]. */
+struct wb_copy {
+    const char *out;
+    const uint64_t *ob;
+};
+
+static tps_err wb_copy_one(engine *E, void *u_, size_t i, ofile *f, uint64_t off)
+{
+    const struct wb_copy *u = u_;
+    return tps_pwrite_full(E->ctx, f->fd, f->final, u->out + u->ob[i],
+                           (size_t)(u->ob[i + 1] - u->ob[i]), off);
+}
+
+/* write_blocks straight from the sources' mappings: rank tensor i's rows,
+ * each row its pieces in column order (zeros from a static block). */
+static const char gather_zeros[64u << 10];
+
+struct wb_gather {
+    const fgroup *G;
+    const fpiece *P;
+    const size_t *order;   /* P's indices by rank tensor, then column */
+    const size_t *first;   /* [G->n + 1] into order */
+    const char *const *at; /* P[m]'s source bytes of row k0[m] */
+    const uint64_t *step;  /* P[m]'s source step a row */
+    const uint64_t *r0;    /* P[m]'s first row in its rank tensor */
+    uint64_t a, b;
+    const char *lo, *hi;   /* the span of the sources' mappings (one guard) */
+    uint32_t *crc;         /* P[m]'s CRC so far */
+};
+
+/* Rank tensor i's rows listed and written (inside wb_gather_one's guard). */
+static tps_err gather_rows(engine *E, const struct wb_gather *u, size_t i, ofile *f, uint64_t off)
+{
+    const tps_layout *L = E->L;
+    const tps_rtensor *rt = &L->rt[u->G->rts[i]];
+    /* Few enough runs a write that the CRCs, taken as the rows are listed,
+     * leave them in cache for the kernel's copy. */
+    struct iovec iov[64];
+    int n = 0;
+    tps_err rc = TPS_OK;
+    for (size_t q = u->first[i]; q < u->first[i + 1]; q++) u->crc[u->order[q]] = 0;
+    for (uint64_t x = u->a; !rc && x < u->b; x++)
+        for (size_t q = u->first[i]; !rc && q < u->first[i + 1]; q++) {
+            size_t m = u->order[q];
+            const tps_lpiece *p = &L->pieces[u->P[m].pi];
+            uint64_t pr0, pc0, run, nr;
+            piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+            if (x < pr0 || x >= pr0 + nr) continue;
+            const char *from = p->kind == TPS_PK_ZERO ? NULL : u->at[m] + (x - u->r0[m]) * u->step[m];
+            if (from && u->P[m].slot != SIZE_MAX)
+                u->crc[m] = (uint32_t)tps_crc32(u->crc[m], from, (size_t)run);
+            for (uint64_t done = 0; !rc && done < run;) {
+                size_t k = !from && run - done > sizeof gather_zeros ? sizeof gather_zeros
+                                                                     : (size_t)(run - done);
+                iov[n].iov_base = from ? (void *)(from + done) : (void *)gather_zeros;
+                iov[n].iov_len = k;
+                done += k;
+                if (++n == (int)(sizeof iov / sizeof iov[0])) {
+                    uint64_t len = 0;
+                    for (int v = 0; v < n; v++) len += iov[v].iov_len;
+                    rc = tps_pwritev_full(E->ctx, f->fd, f->final, iov, n, off);
+                    off += len;
+                    n = 0;
+                }
+            }
+        }
+    if (!rc && n) rc = tps_pwritev_full(E->ctx, f->fd, f->final, iov, n, off);
+    return rc;
+}
+
+static tps_err wb_gather_one(engine *E, void *u_, size_t i, ofile *f, uint64_t off)
+{
+    const struct wb_gather *u = u_;
+    const tps_layout *L = E->L;
+    const tps_rtensor *rt = &L->rt[u->G->rts[i]];
+    tps_guard gd = {.lo = u->lo, .hi = u->hi};
+    if (sigsetjmp(gd.jb, 1)) {
+        tps_err r2 = tps_ckpt_recheck(E->ctx, E->ck);
+        if (r2) return r2;
+        return tps_fail(E->ctx, TPS_E_IO, "%s: cannot read the sources of '%s' (SIGBUS under their "
+                                          "mappings)", E->ck->path, rt->name);
+    }
+    tps_guard_enter(&gd);
+    errno = 0;
+    tps_err rc = gather_rows(E, u, i, f, off);
+    tps_guard_leave();
+    if (rc && errno == EFAULT) {
+        /* the kernel read a page of a source that is no longer there */
+        tps_err r2 = tps_ckpt_recheck(E->ctx, E->ck);
+        if (r2) return r2;
+    }
+    for (size_t q = u->first[i]; !rc && q < u->first[i + 1]; q++) {
+        size_t m = u->order[q];
+        if (u->P[m].slot == SIZE_MAX) continue;
+        uint64_t pr0, pc0, run, nr;
+        piece_runs(E, rt, &L->pieces[u->P[m].pi], &pr0, &pc0, &run, &nr);
+        uint64_t i0 = pr0 > u->a ? pr0 : u->a, i1 = pr0 + nr < u->b ? pr0 + nr : u->b;
+        E->crcs[u->P[m].slot] = u->crc[m];
+        E->crclen[u->P[m].slot] = (i1 - i0) * run;
+    }
+    return rc;
+}
+
+static int cmp_col(const void *x, const void *y, void *u_)
+{
+    const uint64_t *c = u_;
+    size_t a = *(const size_t *)x, b = *(const size_t *)y;
+    return (c[a] > c[b]) - (c[a] < c[b]);
+}
+
+/* A FUSED task's gathered writes (see run_fused): *done 0 (nothing written,
+ * no CRC taken) where a source is not mapped or a rank tensor's rows are
+ * not tiled by its pieces; the caller then assembles. */
+static tps_err fused_gathered(engine *E, const task *tk, const fgroup *G, fpiece *P, size_t n,
+                              const uint64_t *ob, int *done)
+{
+    const tps_layout *L = E->L;
+    uint64_t a = tk->a, b = tk->b;
+    (void)ob;
+    *done = 0;
+    fsrc *fs = tps_xcalloc(n ? n : 1, sizeof *fs);
+    size_t *grp = tps_xcalloc(n ? n : 1, sizeof *grp), *order = tps_xcalloc(n ? n : 1, sizeof *order);
+    size_t *first = tps_xcalloc(G->n + 1, sizeof *first);
+    const char **at = tps_xcalloc(n ? n : 1, sizeof *at);
+    uint64_t *step = tps_xcalloc(n ? n : 1, sizeof *step), *r0 = tps_xcalloc(n ? n : 1, sizeof *r0),
+             *col = tps_xcalloc(n ? n : 1, sizeof *col), *k0s = tps_xcalloc(n ? n : 1, sizeof *k0s);
+    size_t nfs = 0;
+    tps_err rc = fs && grp && order && first && at && step && r0 && col && k0s
+                     ? TPS_OK
+                     : tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    int ok = !rc;
+    /* each rank tensor's rows tiled by its pieces, in column order */
+    for (size_t m = 0; ok && m < n; m++) {
+        uint64_t pr0, pc0, run, nr;
+        ok = piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+        col[m] = pc0;
+        first[P[m].j + 1]++;
+    }
+    for (size_t i = 0; ok && i < G->n; i++) first[i + 1] += first[i];
+    if (ok) {
+        size_t *fill = tps_xcalloc(G->n + 1, sizeof *fill);
+        ok = fill != NULL;
+        for (size_t m = 0; ok && m < n; m++) order[first[P[m].j] + fill[P[m].j]++] = m;
+        free(fill);
+    }
+    for (size_t i = 0; ok && i < G->n; i++) {
+        qsort_r(order + first[i], first[i + 1] - first[i], sizeof *order, cmp_col, col);
+        const tps_rtensor *rt = &L->rt[G->rts[i]];
+        uint64_t st = tps_rt_stride(rt);
+        for (uint64_t x = a; ok && x < b; x++) {
+            uint64_t c = 0;
+            for (size_t q = first[i]; ok && q < first[i + 1]; q++) {
+                size_t m = order[q];
+                uint64_t pr0, pc0, run, nr;
+                piece_runs(E, rt, &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+                if (x < pr0 || x >= pr0 + nr) continue;
+                ok = pc0 == c;
+                c += run;
+            }
+            ok = ok && c == st;
+        }
+    }
+    /* every source mapped, its pieces' CRCs taken from the mapping */
+    for (size_t k = 0; ok && !rc && k < n;) {
+        if (P[k].src == SIZE_MAX) {
+            k++;
+            continue;
+        }
+        size_t e = k + 1;
+        while (e < n && P[e].src == P[k].src && P[e].key == P[k].key) e++;
+        uint64_t k0 = UINT64_MAX, k1 = 0, pr0, pc0, run, nr;
+        for (size_t m = k; m < e; m++) {
+            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+            uint64_t i0 = (pr0 > a ? pr0 : a) - pr0, i1 = (pr0 + nr < b ? pr0 + nr : b) - pr0;
+            if (i0 < k0) k0 = i0;
+            if (i1 > k1) k1 = i1;
+        }
+        uint64_t off, st2, inrow;
+        piece_runs(E, &L->rt[G->rts[P[k].j]], &L->pieces[P[k].pi], &pr0, &pc0, &run, &nr);
+        src_run(E, &L->pieces[P[k].pi], run, k0, &off, &st2, &inrow);
+        size_t len = (size_t)((k1 - k0) * st2);
+        int file;
+        uint64_t foff;
+        if (len < tps_split_map_min || !tps_ckpt_locate(E->ck, P[k].src, off, len, &file, &foff)) {
+            ok = 0;
+            break;
+        }
+        uint64_t base = foff & ~(uint64_t)(E->page - 1);
+        size_t mlen = (size_t)(foff + len - base);
+        char *mp = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd,
+                        (off_t)base);
+        if (mp == MAP_FAILED) {
+            ok = 0;
+            break;
+        }
+        fs[nfs] = (fsrc){.src = mp + (foff - base), .map = mp, .mlen = mlen};
+        for (size_t m = k; m < e; m++) {
+            uint64_t o2, s2, in2;
+            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+            src_run(E, &L->pieces[P[m].pi], run, k0, &o2, &s2, &in2);
+            k0s[m] = k0;
+            step[m] = s2;
+            /* row pr0 + k0 of the piece lies at the mapping's start */
+            at[m] = fs[nfs].src + in2;
+            r0[m] = pr0 + k0;
+        }
+        grp[nfs++] = k;
+        k = e;
+    }
+    if (ok && !rc) {
+        const char *lo = NULL, *hi = NULL;
+        for (size_t g = 0; g < nfs; g++) {
+            if (!lo || fs[g].map < lo) lo = fs[g].map;
+            if (!hi || fs[g].map + fs[g].mlen > hi) hi = fs[g].map + fs[g].mlen;
+        }
+        uint32_t *crc = tps_xcalloc(n ? n : 1, sizeof *crc);
+        if (!crc) rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+        struct wb_gather u = {G, P, order, first, at, step, r0, a, b, lo, hi, crc};
+        if (!rc) rc = write_blocks(E, G, a, wb_gather_one, &u);
+        free(crc);
+        *done = 1;
+    }
+    for (size_t g = 0; g < nfs; g++) fused_source_done(&fs[g]);
+    free(fs);
+    free(grp);
+    free(order);
+    free(first);
+    free(at);
+    free(step);
+    free(r0);
+    free(col);
+    free(k0s);
+    return rc;
 }
 
 /* A FUSED task: every rank tensor's rows [a, b) assembled in `out` (a
@@ -400,9 +690,24 @@ static tps_err run_fused(engine *E, const task *tk, char *in, char *out)
     }
     int zeros = 0;
     for (size_t k = 0; k < n; k++) zeros |= L->pieces[P[k].pi].kind == TPS_PK_ZERO;
+    if (!rc) qsort(P, n, sizeof *P, cmp_fpiece);
+    /* Every source mapped and no constants: each rank tensor's block goes
+     * to its file straight from the mappings (gathered writes), without
+     * the assembly below. */
+    int consts = 0;
+    for (size_t k = 0; k < n; k++) consts |= L->pieces[P[k].pi].kind == TPS_PK_CONST;
+    if (!rc && E->map && !consts) {
+        int done = 0;
+        rc = fused_gathered(E, tk, G, P, n, ob, &done);
+        if (rc || done) {
+            free(P);
+            free(ob);
+            return rc;
+        }
+    }
     if (!rc && zeros) memset(out, 0, (size_t)ob[G->n]);
     /* constants (zeros are the memset's) */
-    for (size_t k = 0; !rc && k < n; k++) {
+    for (size_t k = 0; !rc && consts && k < n; k++) {
         const tps_lpiece *p = &L->pieces[P[k].pi];
         if (p->kind != TPS_PK_CONST) continue;
         const tps_rtensor *rt = &L->rt[G->rts[P[k].j]];
@@ -417,7 +722,6 @@ static tps_err run_fused(engine *E, const task *tk, char *in, char *out)
                 out[ob[P[k].j] + (i - a) * st + pc0 + x] = (char)el[x % es];
     }
     /* the sources in turn, each one's rows read once for every piece it feeds */
-    if (!rc) qsort(P, n, sizeof *P, cmp_fpiece);
     for (size_t k = 0; !rc && k < n;) {
         if (P[k].src == SIZE_MAX) {
             k++;
@@ -444,13 +748,8 @@ static tps_err run_fused(engine *E, const task *tk, char *in, char *out)
         if (fs.bus) rc = fused_source_fault(E, P[k].src);
         k = e;
     }
-    for (size_t i = 0; !rc && i < G->n; i++) {
-        const tps_rtensor *rt = &L->rt[G->rts[i]];
-        const oslot *so = &E->slots[G->rts[i]];
-        const ofile *f = &E->files[so->file];
-        rc = tps_pwrite_full(E->ctx, f->fd, f->final, out + ob[i], (size_t)(ob[i + 1] - ob[i]),
-                             so->off + a * tps_rt_stride(rt));
-    }
+    struct wb_copy u = {out, ob};
+    if (!rc) rc = write_blocks(E, G, a, wb_copy_one, &u);
     free(P);
     free(ob);
     return rc;
@@ -706,7 +1005,7 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
         }
         return TPS_OK;
     }
-    if (rt->dtype == sd) return tps_pwrite_full(E->ctx, f->fd, f->final, buf, len, s->off + p->at + off);
+    if (rt->dtype == sd) return ofile_write(E, f, buf, len, s->off + p->at + off);
     /* Widened to F32 (a scale): whole elements, as tasks cut them. */
     size_t es = tps_dtype_bits(sd) / 8;
     unsigned char wide[4096];
@@ -1029,8 +1328,13 @@ static void run_all(engine *E)
                 E->failed = 1;
             }
         }
+        /* The tasks taken from the two halves of the list in turn: neighbours
+         * in the list are often the chunks of one region, written to one file,
+         * and threads writing one file at once wait on its lock. */
+        size_t half = (E->ntasks + 1) / 2;
 #pragma omp for schedule(dynamic, 1)
-        for (size_t i = 0; i < E->ntasks; i++) {
+        for (size_t n = 0; n < E->ntasks; n++) {
+            size_t i = n % 2 ? half + n / 2 : n / 2;
             if (E->failed) continue;
             if (E->ctx->interrupted) {
 #pragma omp critical

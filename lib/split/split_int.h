@@ -16,6 +16,7 @@ typedef struct {
     uint32_t hdr_crc; /* of the hdr_len bytes written: the manifest covers them */
     size_t pad;      /* spaces after the header's JSON that align its tensors (align.c) */
     uint64_t size;
+    int writers;     /* threads in a write to it now (split.c's ofile_write) */
 } ofile;
 
 /* Where a rank tensor lands: its file and the absolute offset of its bytes. */

@@ -83,6 +83,9 @@ typedef struct {
     int pread;         /* --no-mmap */
     int threads;       /* 0: 1 */
     const char *word;  /* expected in the message */
+    const char *cased; /* a conformance case's model (default the uneven-vocab LLaMA) */
+    const char *layout; /* a serving layout (default dtensor) */
+    int tp;             /* 0: 4 */
 } scenario;
 
 /* Open, change the file, split: must fail, naming the file and the change,
@@ -94,17 +97,24 @@ static void split_after_change(scenario sc)
     snprintf(model, sizeof model, "%s/model.safetensors", dir);
     snprintf(cfg, sizeof cfg, "%s/config.json", dir);
     snprintf(out, sizeof out, "%s/out%d", dir, seq++);
-    CHECK(copy("testdata/conformance/llama-tp4-uneven-vocab/model/model.safetensors", model));
-    CHECK(copy("testdata/conformance/llama-tp4-uneven-vocab/model/config.json", cfg));
+    const char *cs = sc.cased ? sc.cased : "llama-tp4-uneven-vocab";
+    char from[300];
+    snprintf(from, sizeof from, "testdata/conformance/%s/model/model.safetensors", cs);
+    CHECK(copy(from, model));
+    snprintf(from, sizeof from, "testdata/conformance/%s/model/config.json", cs);
+    CHECK(copy(from, cfg));
+    int tp = sc.tp ? sc.tp : 4;
+    tps_layout_spec *spec = NULL;
     tps_ctx *ctx = tps_ctx_new();
     tps_ckpt *ck = NULL;
     tps_plan *plan = NULL;
     tps_layout *L = NULL;
     change_at ch = {.model = model, .after = sc.after, .how = sc.how};
     tps_ctx_set_threads(ctx, sc.threads ? sc.threads : 1); /* one: tasks run in tensor order */
+    if (sc.layout) CHECK(tps_layout_spec_builtin(ctx, sc.layout, &spec) == TPS_OK);
     CHECK(tps_ckpt_open(ctx, dir, &ck) == TPS_OK);
     CHECK(tps_plan_detect(ctx, ck, &plan) == TPS_OK);
-    CHECK(tps_layout_new(ctx, ck, plan, 4, &L) == TPS_OK);
+    CHECK_MSG(tps_layout_new_with(ctx, ck, plan, spec, tp, &L) == TPS_OK, "%s", tps_ctx_errmsg(ctx));
     if (sc.after) {
         tps_ctx_set_progress(ctx, change_progress, &ch);
     } else {
@@ -112,7 +122,7 @@ static void split_after_change(scenario sc)
         stat(model, &sb);
         CHECK(truncate(model, sb.st_size + sc.delta) == 0);
     }
-    tps_split_opts o = {.tp = 4, .out_dir = out, .map_source = !sc.pread};
+    tps_split_opts o = {.tp = tp, .out_dir = out, .map_source = !sc.pread};
     tps_split_result r;
     tps_err e = tps_split(ctx, ck, L, &o, &r);
     if (sc.after) CHECK_MSG(ch.done == 1, "the progress callback never saw '%s'", sc.after);
@@ -121,6 +131,7 @@ static void split_after_change(scenario sc)
               "message: %s", tps_ctx_errmsg(ctx));
     CHECK_MSG(finals_in(out) == 0, "%d files left under final names", finals_in(out));
     tps_layout_free(L);
+    tps_layout_spec_free(spec);
     tps_plan_free(plan);
     tps_ckpt_free(ck);
     tps_ctx_free(ctx);
@@ -182,6 +193,26 @@ static void truncated_midway_two_threads(void)
 }
 
 /* Same size at the end, but written to: only the timestamps can tell. */
+/* A GPTQ checkpoint in the vLLM layout: its column-parallel qweights are
+ * rows of strided runs, written by FUSED tasks straight from the sources'
+ * mappings (gathered writes), or assembled where mappings are off. */
+static void truncated_midway_fused(void)
+{
+    size_t was = tps_split_map_min;
+    tps_split_map_min = 1; /* the small fixture's reads mapped, as a large model's */
+    /* cut before the split starts: its first task is a FUSED one, which
+     * reads past the end (a SIGBUS caught under its guard) */
+    split_after_change((scenario){.delta = -400000, .cased = "vllm-llama-gptq-tp2", .layout = "vllm",
+                                  .tp = 2, .word = "truncated"});
+    split_after_change((scenario){.after = "", .cased = "vllm-llama-gptq-tp2", .layout = "vllm",
+                                  .tp = 2, .word = "truncated"});
+    split_after_change((scenario){.after = "", .cased = "vllm-llama-gptq-tp2", .layout = "vllm",
+                                  .tp = 2, .threads = 2, .word = "truncated"});
+    split_after_change((scenario){.after = "", .cased = "vllm-llama-gptq-tp2", .layout = "vllm",
+                                  .tp = 2, .pread = 1, .word = "truncated"});
+    tps_split_map_min = was;
+}
+
 static void rewritten_midway(void)
 {
     split_after_change((scenario){.after = "lm_head.weight", .how = REWRITE, .word = "modified"});
@@ -630,6 +661,7 @@ int main(void)
     RUN(truncated_midway_sigbus_blocked);
     RUN(truncated_midway_pread);
     RUN(truncated_midway_two_threads);
+    RUN(truncated_midway_fused);
     RUN(rewritten_midway);
     RUN(cut_and_regrown_midway);
     RUN(mapped_reads_are_not_preads);
