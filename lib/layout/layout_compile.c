@@ -443,6 +443,8 @@ tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kin
                                                              .nbytes = t->shape[0] * (len - rl) * es,
                                                              .run = (uint32_t)((len - rl) * es)}));
             if (C->why[0]) return TPS_OK;
+            TPS_TRY(tps_lc_place_scales_padded(C, i, r, d, lo, len, real));
+            if (C->why[0]) return TPS_OK;
             continue;
         }
         if (len || !per) TPS_TRY(tps_lc_src_piece(C, rt, i, d, lo, lo + len, 0));

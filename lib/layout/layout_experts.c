@@ -172,7 +172,7 @@ static tps_err expert_parts(cstate *C, const tps_lexperts *x, const char *module
  * (x->rows), and with --ep whole experts per rank, else every expert's rows
  * split evenly. 0 and a refusal when they do not fit. */
 static int expert_sizes_ok(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
-                           uint64_t I)
+                           uint64_t Iconf, uint64_t I)
 {
     tps_layout *L = C->L;
     const tps_ckpt *ck = C->ck;
@@ -181,9 +181,9 @@ static int expert_sizes_ok(cstate *C, const tps_lexperts *x, const char *module,
     int present;
     if (x->rows) {
         uint64_t want = tps_lc_config_count(ck->config, x->rows, &present);
-        if (present && want != I) {
+        if (present && want != Iconf) {
             refuse(C, "%s = %llu in config.json, but the experts of '%s' have %llu", x->rows,
-                   (unsigned long long)want, module, (unsigned long long)I);
+                   (unsigned long long)want, module, (unsigned long long)Iconf);
             return 0;
         }
     }
@@ -220,7 +220,7 @@ static int expert_sizes_ok(cstate *C, const tps_lexperts *x, const char *module,
  * tp) whole, else every expert's rows (or columns) of rank r. */
 static tps_err stack_experts(cstate *C, const tps_lexperts *x, const char *module,
                              const size_t *idx, size_t nidx, uint64_t E, uint64_t I, uint64_t H,
-                             const tps_ctensor *t0)
+                             const tps_ctensor *t0, uint64_t Ireal)
 {
     tps_layout *L = C->L;
     uint64_t tp = (uint64_t)C->tp;
@@ -243,7 +243,12 @@ static tps_err stack_experts(cstate *C, const tps_lexperts *x, const char *modul
                 for (size_t j = 0; j < st->nparts; j++) {
                     size_t w = idx[(e0 + k) * nidx + k0 + j];
                     uint64_t at = (k * st->nparts + j) * Ir * H * es;
-                    TPS_TRY(tps_lc_src_piece(C, rt, w, L->ep ? -1 : st->dim, lo, hi, at));
+                    /* --pad-intermediate: features from Ireal on are zeros */
+                    if (!L->ep && hi > Ireal)
+                        TPS_TRY(tps_lc_padded_piece(C, rt, w, st->dim, lo, hi, Ireal, at, 0.0));
+                    else
+                        TPS_TRY(tps_lc_src_piece(C, rt, w, L->ep ? -1 : st->dim, lo, hi, at));
+                    if (C->why[0]) return TPS_OK;
                 }
             TPS_TRY(tps_lc_place_stack_scales(C, module, x->into, st, idx, nidx, k0, Er, I, r));
             if (C->why[0]) return TPS_OK;
@@ -301,6 +306,16 @@ static int shared_parts(cstate *C, const tps_lexperts *x, const char *module, ui
     return 1;
 }
 
+static uint64_t gcd_u64(uint64_t a, uint64_t b)
+{
+    while (b) {
+        uint64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
 /* One experts module (tensors [a, b) of the checkpoint, all named
  * <module>.*): its stacks on every rank, and its router. */
 static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *module, size_t a,
@@ -338,9 +353,19 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
         int ok = shared_parts(C, x, module, E, nidx, idx, I, H);
         if (ok < 0) rc = nomem(C);
     }
-    if (!rc && !C->why[0] && expert_sizes_ok(C, x, module, E, I) &&
+    /* --pad-intermediate: the experts' intermediate size padded (FP8: to
+     * whole blocks a rank) */
+    uint64_t Ireal = I;
+    if (!rc && !C->why[0] && C->L->pad_mode && !C->L->ep) {
+        const tps_quant *q = C->L->q;
+        uint64_t unit = q && q->bn ? q->bn / gcd_u64(q->bn, q->bk) * q->bk : 1;
+        /* where vLLM's refined grid places the blocks, nothing needs padding */
+        if (!(q && q->bn && tps_lc_refined_grid(C, I, H)))
+            rc = tps_lc_expert_pad(C, x, I, unit, "FP8 blocks", &I);
+    }
+    if (!rc && !C->why[0] && expert_sizes_ok(C, x, module, E, Ireal, I) &&
         tps_lc_expert_scales_ok(C, module, idx[0], E, I, H))
-        rc = stack_experts(C, x, module, idx, nidx, E + (uint64_t)fused, I, H, t0);
+        rc = stack_experts(C, x, module, idx, nidx, E + (uint64_t)fused, I, H, t0, Ireal);
     free(idx);
     return rc;
 }

@@ -133,6 +133,22 @@ tps_err tps_lc_compile_experts(cstate *C);
 /* layout_scales.c */
 /* Weight w's scale (and input scale) on rank r, following its [lo, lo + len) along d. */
 tps_err tps_lc_place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len);
+/* The same for a weight whose input features along d are padded from `real`
+ * (--pad-intermediate): block scale columns past the source's are 1.0. */
+/* --pad-intermediate of experts of intermediate size I: *Ip (layout_packed.c). */
+tps_err tps_lc_expert_pad(cstate *C, const tps_lexperts *x, uint64_t I, uint64_t unit,
+                          const char *what, uint64_t *Ip);
+/* Source tensor src's [lo, hi) along dim d (0: rows, 1: columns of a 2-D
+ * tensor) at `at` of rank tensor rt, of which the source holds [0, have):
+ * the rest is --pad-intermediate's, zero bytes (value 0) or the constant
+ * value, rows after the real ones or columns beside them (runs a row
+ * apart). */
+tps_err tps_lc_padded_piece(cstate *C, tps_rtensor *rt, size_t src, int d, uint64_t lo,
+                            uint64_t hi, uint64_t have, uint64_t at, double value);
+/* vLLM's refined grid for FP8 experts of I x H at this tp: g, or 0 (none). */
+uint64_t tps_lc_refined_grid(const cstate *C, uint64_t I, uint64_t H);
+tps_err tps_lc_place_scales_padded(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len,
+                                   uint64_t real);
 /* A fused group's scales on rank r, in the parts' order. */
 tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f, const size_t *idx, int r,
                                   const uint64_t *lo, const uint64_t *len,

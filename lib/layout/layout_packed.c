@@ -199,6 +199,39 @@ static uint64_t pad_unit(const tps_quant *q)
     return unit;
 }
 
+/* --pad-intermediate of an experts module whose intermediate size is I:
+ * *Ip the next multiple of unit x tp (I itself where it splits), recorded
+ * as the layout's experts padding (L->epad_*, one size for every module);
+ * a refusal when I is not whole units (what: what the units are). */
+tps_err tps_lc_expert_pad(cstate *C, const tps_lexperts *x, uint64_t I, uint64_t unit,
+                          const char *what, uint64_t *Ip)
+{
+    tps_layout *L = C->L;
+    uint64_t tp = (uint64_t)C->tp, step = unit * tp;
+    *Ip = I;
+    if (I % unit) {
+        refuse(C, "--pad-intermediate: the experts' %llu intermediate features are not whole "
+                  "%s of %llu", (unsigned long long)I, what, (unsigned long long)unit);
+        return TPS_OK;
+    }
+    uint64_t P = (I + step - 1) / step * step;
+    if (P > I && (!L->epad_field || L->epad_from == I)) {
+        L->epad_field = x->rows ? x->rows : "moe_intermediate_size";
+        L->epad_from = I;
+        L->epad_to = P;
+        if (!C->epad_said) {
+            char d[256];
+            snprintf(d, sizeof d, "%s %llu padded to %llu: %llu features a rank, whole units of %llu",
+                     L->epad_field, (unsigned long long)I, (unsigned long long)P,
+                     (unsigned long long)(P / tp), (unsigned long long)unit);
+            TPS_TRY(tps_lc_add_check(C, "--pad-intermediate (experts)", 1, d));
+            C->epad_said = 1;
+        }
+    }
+    *Ip = P;
+    return TPS_OK;
+}
+
 tps_err tps_lc_pad_setup(cstate *C)
 {
     tps_layout *L = C->L;
@@ -214,12 +247,26 @@ tps_err tps_lc_pad_setup(cstate *C)
     }
     uint64_t unit = pad_unit(q);
     if (q && !q->m->weight_suffix) {
-        refuse(C, "--pad-intermediate: %s checkpoints are not padded yet (packed methods and "
-                  "unquantized ones are: their scale blocks would need padding too)",
-               q->method_name);
-        return TPS_OK;
+        if (q->m != &tps_qm_fp8 && q->m != &tps_qm_ct_fp8) {
+            refuse(C, "--pad-intermediate: %s checkpoints are not padded (FP8, the packed methods "
+                      "and unquantized ones are)",
+                   q->method_name);
+            return TPS_OK;
+        }
+        /* FP8: gate/up rows in whole blocks of bn, down columns of bk; the
+         * padding's weights are zero bytes, its block or channel scales 1.0 */
+        unit = q->bn ? lcm_u(q->bn, q->bk) : 1;
     }
-    if (I % unit) {
+    /* a dense MLP: a 2-D .mlp. tensor with I features, not an expert's or
+     * a router's */
+    int dense = 0;
+    for (size_t i = 0; i < ck->n && !dense; i++) {
+        const tps_ctensor *t = &ck->t[i];
+        dense = t->ndim == 2 && strstr(t->name, ".mlp.") && !strstr(t->name, "expert") &&
+                !strstr(t->name, ".mlp.gate.") && !strstr(t->name, "router") &&
+                (t->shape[0] == I || t->shape[1] == I);
+    }
+    if (I % unit || !dense) {
         /* no dense MLP can hold it (an MoE's unused field), or the linears
          * refuse it themselves with their units */
         L->pad_from = L->pad_to = I;
@@ -743,27 +790,8 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
     if (L->pad_mode && !L->ep) {
         /* --pad-intermediate: the experts' rows padded too (vLLM #49949: Nemotron's
          * 1856 at tp 8 cuts a 16-group) */
-        uint64_t unit = pad_unit(q), step = unit * tp;
-        if (I % unit) {
-            refuse(C, "--pad-intermediate: the experts' %llu intermediate features are not whole "
-                      "groups and words of %llu", (unsigned long long)I, (unsigned long long)unit);
-            goto out;
-        }
-        uint64_t Ip = (I + step - 1) / step * step;
-        if (Ip > I && (!L->epad_field || L->epad_from == I)) {
-            L->epad_field = x->rows ? x->rows : "moe_intermediate_size";
-            L->epad_from = I;
-            L->epad_to = Ip;
-            if (!C->epad_said) {
-                char d[256];
-                snprintf(d, sizeof d, "%s %llu padded to %llu: %llu features a rank, whole units of %llu",
-                         L->epad_field, (unsigned long long)I, (unsigned long long)Ip,
-                         (unsigned long long)(Ip / tp), (unsigned long long)unit);
-                TPS_CHECK(tps_lc_add_check(C, "--pad-intermediate (experts)", 1, d));
-                C->epad_said = 1;
-            }
-        }
-        I = Ip;
+        TPS_CHECK(tps_lc_expert_pad(C, x, I, pad_unit(q), "groups and words", &I));
+        if (C->why[0]) goto out;
     }
     if (!L->ep && I % tp) {
         char works[300];

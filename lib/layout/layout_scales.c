@@ -151,6 +151,95 @@ tps_err tps_lc_place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint
     return TPS_OK;
 }
 
+tps_err tps_lc_padded_piece(cstate *C, tps_rtensor *rt, size_t src, int d, uint64_t lo,
+                            uint64_t hi, uint64_t have, uint64_t at, double value)
+{
+    const tps_ctensor *t = &C->ck->t[src];
+    uint64_t rhi = hi < have ? hi : have, rlo = lo < rhi ? lo : rhi, plo = lo > rhi ? lo : rhi;
+    uint64_t es = tps_dtype_bits(rt->dtype) / 8;
+    tps_lpiece pad = {.kind = value == 0.0 ? TPS_PK_ZERO : TPS_PK_CONST, .value = value};
+    if (hi <= have) return tps_lc_src_piece(C, rt, src, d, lo, hi, at);
+    C->L->pad_used = 1;
+    if (d == 0) {
+        uint64_t rowb = es * (t->ndim == 2 ? t->shape[1] : 1);
+        if (rhi > rlo) TPS_TRY(tps_lc_src_piece(C, rt, src, 0, rlo, rhi, at));
+        pad.at = at + (rhi - rlo) * rowb;
+        pad.nbytes = (hi - plo) * rowb;
+        return tps_lc_add_piece(C, rt, pad);
+    }
+    if (t->ndim != 2 || (rhi > rlo && rt->dtype != t->dtype)) {
+        refuse(C, "--pad-intermediate: tensor '%s' (%s, %d-D) cannot be padded along its columns "
+                  "as layout %s writes it (%s)",
+               t->name, tps_dtype_name(t->dtype), t->ndim, C->L->spec->name,
+               tps_dtype_name(rt->dtype));
+        return TPS_OK;
+    }
+    uint64_t realb = (rhi - rlo) * es, padb = (hi - plo) * es;
+    if (rhi > rlo) TPS_TRY(tps_lc_src_piece_run(C, rt, src, 1, rlo, rhi, at, realb));
+    pad.at = at + realb;
+    pad.nbytes = t->shape[0] * padb;
+    pad.run = (uint32_t)padb;
+    return tps_lc_add_piece(C, rt, pad);
+}
+
+/* tps_lc_place_scales for a weight whose input features along d = 1 are
+ * padded (--pad-intermediate): its [lo, lo + len) of the padded features,
+ * those from `real` on zero columns. Block scales: the real block columns
+ * from the source, then columns of 1.0 (runs a row apart); channel and
+ * tensor scales follow the output rows and stay whole. */
+tps_err tps_lc_place_scales_padded(cstate *C, size_t w, int r, int d, uint64_t lo, uint64_t len,
+                                   uint64_t real)
+{
+    const tps_quant *q = C->L->q;
+    if (!q || q->role[w] != TPS_QR_WEIGHT) return TPS_OK;
+    size_t s = (size_t)q->partner[w];
+    if (d != 1 || q->kind[s] != TPS_QS_BLOCK) return tps_lc_place_scales(C, w, r, d, lo, len);
+    const tps_ctensor *st = &C->ck->t[s], *wt = &C->ck->t[w];
+    uint64_t b = q->bk;
+    if (lo % b || len % b || real % b || st->ndim != 2) {
+        refuse(C, "--pad-intermediate: tensor '%s' is FP8 in blocks of %llu x %llu, and a rank's "
+                  "padded columns [%llu, %llu) are not whole blocks",
+               wt->name, (unsigned long long)q->bn, (unsigned long long)b, (unsigned long long)lo,
+               (unsigned long long)(lo + len));
+        return TPS_OK;
+    }
+    tps_dtype dt;
+    if (!scale_dtype(C, st, &dt)) return TPS_OK;
+    uint64_t slo = lo / b, shi = (lo + len) / b, have = real / b;
+    uint64_t rhi = shi < have ? shi : have, rlo = slo < rhi ? slo : rhi, es = tps_dtype_bits(dt) / 8;
+    if (rhi > rlo && shi > rhi && dt != st->dtype) {
+        refuse(C, "--pad-intermediate: scale '%s' is %s, and layout %s holds scales in %s: a "
+                  "rank's scale columns cannot be both widened and padded",
+               st->name, tps_dtype_name(st->dtype), C->L->spec->name, tps_dtype_name(dt));
+        return TPS_OK;
+    }
+    uint64_t shape[TPS_MAX_DIMS];
+    memcpy(shape, st->shape, sizeof shape);
+    shape[1] = shi - slo;
+    tps_rtensor *rt;
+    TPS_TRY(tps_lc_new_rt(C, st->name, r, dt, 2, shape, "scale", &rt));
+    uint64_t realb = (rhi - rlo) * es, padb = (shi - (slo > rhi ? slo : rhi)) * es;
+    if (rhi > rlo)
+        TPS_TRY(padb ? tps_lc_src_piece_run(C, rt, s, 1, rlo, rhi, 0, realb)
+                     : tps_lc_src_piece(C, rt, s, 1, rlo, rhi, 0));
+    if (padb) {
+        TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST, .at = realb,
+                                                     .nbytes = st->shape[0] * padb,
+                                                     .run = realb ? (uint32_t)padb : 0,
+                                                     .value = 1.0}));
+        C->L->pad_used = 1;
+    }
+    if (q->input[w] >= 0) {
+        const tps_ctensor *it = &C->ck->t[q->input[w]];
+        memcpy(shape, it->shape, sizeof shape);
+        if (!scale_dtype(C, it, &dt)) return TPS_OK;
+        TPS_TRY(tps_lc_new_rt(C, it->name, r, dt, scalar_ndim(C, it, shape), shape, "input scale",
+                              &rt));
+        TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->input[w], -1, 0, 0, 0));
+    }
+    return TPS_OK;
+}
+
 /* One value per part, in the parts' order: the rank tensor `name` of the
  * tensors of[idx[j]] (the weights' per-tensor scales or their input scales),
  * `what` naming them in a refusal. */
@@ -235,7 +324,20 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f,
                 refuse(C, "the scales fused into '%s' differ in dtype or width", scale_name);
                 return TPS_OK;
             }
-            TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->partner[idx[j]], 0, slo[j], shi[j], at));
+            /* --pad-intermediate: scale rows past the source's are padding's,
+             * 1.0 (its weight rows are zeros) */
+            uint64_t have = sj->shape[0], rhi = shi[j] < have ? shi[j] : have;
+            uint64_t rlo = slo[j] < rhi ? slo[j] : rhi;
+            if (rhi > rlo || shi[j] == slo[j])
+                TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->partner[idx[j]], 0, rlo, rhi, at));
+            if (shi[j] > rhi) {
+                uint64_t from = slo[j] > rhi ? slo[j] : rhi;
+                TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_CONST,
+                                                             .at = at + (from - slo[j]) * rowb,
+                                                             .nbytes = (shi[j] - from) * rowb,
+                                                             .value = 1.0}));
+                C->L->pad_used = 1;
+            }
             at += (shi[j] - slo[j]) * rowb;
         }
     }
@@ -292,6 +394,11 @@ static uint64_t refine_grid(const cstate *C, uint64_t I, uint64_t H)
         return 0;
     uint64_t g = gcd64(gcd64(q->bn, q->bk), gcd64(I / t, H));
     return g >= 32 ? g : 0;
+}
+
+uint64_t tps_lc_refined_grid(const cstate *C, uint64_t I, uint64_t H)
+{
+    return C->L->q && C->L->q->bn ? refine_grid(C, I, H) : 0;
 }
 
 int tps_lc_expert_scales_ok(cstate *C, const char *module, size_t w0, uint64_t E, uint64_t I,
@@ -464,10 +571,19 @@ tps_err tps_lc_place_stack_scales(cstate *C, const char *module, const char *int
     tps_rtensor *rt;
     TPS_TRY(tps_lc_new_rt(C, name, r, dt, ndim, shape, "expert scales", &rt));
     uint64_t e0 = C->L->ep ? (uint64_t)r * Er : 0;
+    /* --pad-intermediate: block or channel rows (or block columns) past the
+     * source's are the padding's, 1.0 */
+    uint64_t have = sd >= 0 ? s0->shape[sd] : 0;
     for (uint64_t k = 0; k < Er; k++)
-        for (size_t j = 0; j < P; j++)
-            TPS_TRY(tps_lc_src_piece(C, rt, (size_t)q->partner[W(e0 + k, j)], sd, lo,
-                                     hi, (k * P + j) * per * es));
+        for (size_t j = 0; j < P; j++) {
+            size_t sj = (size_t)q->partner[W(e0 + k, j)];
+            uint64_t at = (k * P + j) * per * es;
+            if (sd >= 0 && hi > have)
+                TPS_TRY(tps_lc_padded_piece(C, rt, sj, sd, lo, hi, have, at, 1.0));
+            else
+                TPS_TRY(tps_lc_src_piece(C, rt, sj, sd, lo, hi, at));
+            if (C->why[0]) return TPS_OK;
+        }
     if (q->input[W(0, P - 1)] < 0) return TPS_OK;
     /* RoutedExperts.weight_loader: one input scale per expert, w1's and w3's
      * both written to it, the last loaded (up_proj, w3) kept */

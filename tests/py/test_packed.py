@@ -432,6 +432,200 @@ def bf16_pad():
            "unpadded source", se[-300:])
 
 
+def fp8_pad(kind, I, Ip, tp):
+    """--pad-intermediate on an FP8 LLaMA (kind: block 16 x 16, ct-channel,
+    tensor): the rank files equal those of a plain split of the same model
+    padded by hand, byte for byte: gate/up rows and down_proj columns of zero
+    bytes, their block (or channel) scales 1.0 (per-tensor scales as they
+    are); check, verify --source and merge (the unpadded source back)."""
+    rng = np.random.default_rng(11)
+    H, V, layers, b = 64, 256, 2, 16
+    A = 64 if tp < 8 else 128  # attention rows: whole 16-blocks a rank
+
+    def f16(*shape):
+        return rng.standard_normal(shape).astype(np.float16)
+
+    def e4m3(*shape):
+        # random E4M3 codes, never NaN (0x7f, 0xff)
+        return (rng.integers(0, 0x7e, shape, dtype=np.uint8) | (rng.integers(0, 2, shape, dtype=np.uint8) << 7))
+
+    def scales(o, i):
+        if kind == "block":
+            return rng.uniform(0.001, 0.01, (-(-o // b), -(-i // b))).astype(np.float32)
+        if kind == "ct-channel":
+            return rng.uniform(0.001, 0.01, (o, 1)).astype(np.float16)
+        return np.asarray(rng.uniform(0.001, 0.01), np.float32)
+
+    sname = "weight_scale_inv" if kind == "block" else "weight_scale"
+    sdt = {"block": "F32", "ct-channel": "F16", "tensor": "F32"}[kind]
+    w = {"model.embed_tokens.weight": ("F16", f16(V, H)), "lm_head.weight": ("F16", f16(V, H)),
+         "model.norm.weight": ("F16", f16(H))}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = ("F16", f16(H))
+        w[p + "post_attention_layernorm.weight"] = ("F16", f16(H))
+        for n, (o, k) in (("self_attn.q_proj", (A, H)), ("self_attn.k_proj", (A, H)),
+                          ("self_attn.v_proj", (A, H)), ("self_attn.o_proj", (H, A)),
+                          ("mlp.gate_proj", (I, H)), ("mlp.up_proj", (I, H)),
+                          ("mlp.down_proj", (H, I))):
+            w[p + n + ".weight"] = ("F8_E4M3", e4m3(o, k))
+            w[p + n + "." + sname] = (sdt, scales(o, k))
+    if kind == "block":
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [b, b]}
+    elif kind == "tensor":
+        qc = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    else:
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized",
+              "quantization_status": "compressed", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                  "num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel",
+                  "dynamic": False}, "input_activations": {
+                  "num_bits": 8, "type": "float", "symmetric": True, "strategy": "token",
+                  "dynamic": True}}}}
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
+           "intermediate_size": I, "num_attention_heads": A // 8, "num_key_value_heads": A // 8,
+           "head_dim": 8, "num_hidden_layers": layers, "vocab_size": V, "torch_dtype": "float16",
+           "tie_word_embeddings": False, "rms_norm_eps": 1e-6, "quantization_config": qc}
+
+    def padded(n, a):
+        if ".mlp.gate_proj." in n or ".mlp.up_proj." in n:
+            if n.endswith(".weight"):
+                return np.concatenate([a, np.zeros((Ip - I, H), a.dtype)])
+            if kind == "block":
+                return np.concatenate([a, np.ones((Ip // b - a.shape[0], a.shape[1]), a.dtype)])
+            if kind == "ct-channel":
+                return np.concatenate([a, np.ones((Ip - I, 1), a.dtype)])
+        if ".mlp.down_proj." in n:
+            if n.endswith(".weight"):
+                return np.concatenate([a, np.zeros((H, Ip - I), a.dtype)], axis=1)
+            if kind == "block":
+                return np.concatenate([a, np.ones((a.shape[0], Ip // b - a.shape[1]), a.dtype)],
+                                      axis=1)
+        return a
+
+    tag = f"fp8-{kind}-i{I}"
+    m, mp = os.path.join(TMP, "m-" + tag), os.path.join(TMP, f"m-{tag}-padded")
+    for d, pad, c in ((m, False, cfg), (mp, True, dict(cfg, intermediate_size=Ip))):
+        os.makedirs(d, exist_ok=True)
+        po._st_write(os.path.join(d, "model.safetensors"),
+                     {n: po._t(padded(n, a) if pad else a, dt) for n, (dt, a) in w.items()})
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump(c, f)
+    label = f"packed: --pad-intermediate of an FP8 ({kind}) LLaMA, intermediate {I} at tp {tp}"
+    out, ref = os.path.join(TMP, f"o-{tag}-pad"), os.path.join(TMP, f"o-{tag}-padded-plain")
+    rc0, _, se0 = tps("split", m, "--tp", tp, "-o", out + "-x", "-q", "--layout", "vllm")
+    rc, _, se = tps("split", m, "--tp", tp, "-o", out, "-q", "--layout", "vllm", "--pad-intermediate")
+    rc2, _, se2 = tps("split", mp, "--tp", tp, "-o", ref, "-q", "--layout", "vllm")
+    if rc or rc2:
+        report(False, label, f"{se}{se2}")
+        return
+    a, pa = ranktest.read_rank_files(out, tp)
+    bb, pb = ranktest.read_rank_files(ref, tp)
+    problems = pa + pb
+    for r in range(tp):
+        problems += ranktest.compare(bb.get(r, {}), a.get(r, {}), f"rank {r}")
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f).get("intermediate_size") != Ip:
+            problems.append(f"config.json's intermediate_size is not {Ip}")
+    refused_plain = rc0 == 1 if kind != "tensor" else rc0 in (0, 1)
+    report(refused_plain and not problems, f"{label}: rank files equal a plain split of the model "
+           f"padded to {Ip} by hand (zero weights, scales 1.0)",
+           "\n".join(problems[:10]) + se0[-200:])
+    rc, so, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes", se)
+    rc, so, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", se + so[-800:])
+    rc, so, se = tps("merge", out, "-o", out + "-merged")
+    src, got = sources(m), sources(out + "-merged") if rc == 0 else {}
+    report(rc == 0 and src == got, f"{label}: merge gives back the unpadded source", se[-300:])
+    if kind != "block":
+        return
+    # the last rank's block scales are the padding's: one bit of them flipped
+    for victim in ("model.layers.0.mlp.gate_up_proj.weight_scale_inv",
+                   "model.layers.1.mlp.down_proj.weight_scale_inv"):
+        tampered = out + "-t-" + victim.split(".")[-2]
+        shutil.copytree(out, tampered)
+        path = sorted(glob.glob(os.path.join(tampered, f"model-rank-{tp - 1}-part-*.safetensors")))[0]
+        ranktest.flip_bit(path, victim)
+        rc, so, se = tps("check", tampered)
+        rc2, so2, se2 = tps("verify", tampered, "--source", m)
+        report(rc == 1 and rc2 == 1 and os.path.basename(path) in se + so,
+               f"{label}: check and verify fail with one flipped bit of the padding's scales "
+               f"({victim}) on rank {tp - 1}", f"rc {rc} {rc2}\n{se}{so[-500:]}{se2}")
+
+
+def moe_pad(quant, I, Ip, tp, block=(16, 16)):
+    """--pad-intermediate on Qwen3-MoE experts, BF16 or FP8 (block, channel,
+    tensor), whose moe_intermediate_size I does not split at tp: the rank
+    files equal a plain split of the model padded to Ip by hand (expert
+    gate/up rows and down columns zero, their block or channel scales 1.0),
+    byte for byte; check, verify --source, merge (the unpadded source)."""
+    import family_oracle as fo
+    import moe_quant_oracle as mqo
+    import serving_oracle as so
+    import quant_oracle as qo
+    tag = f"moe-{quant}-i{I}-tp{tp}"
+    m = os.path.join(TMP, "m-" + tag)
+    H, bn, bk = 64, block[0], block[1]
+    if quant == "bf16":
+        fo.qwen3_moe_checkpoint(m, hidden=H, heads=8, kv_heads=8, head_dim=8, experts=4,
+                                moe_inter=I, vocab=128, layers=2)
+    else:
+        mqo.build(m, "qwen3_moe", quant, H=H, A=8, K=8, D=8, E=4, I=I, block=block)
+    config, tensors = so.load_checkpoint(m)
+    kind = quant.split("-", 1)[-1]
+
+    def arr(dt, shape, data):
+        return np.frombuffer(data, {"BF16": np.uint16, "F32": np.float32, "F8_E4M3": np.uint8}[dt]
+                             ).reshape(shape)
+
+    one = {"F32": np.float32(1.0).view(np.float32), "BF16": np.uint16(0x3F80)}
+    padded = {}
+    for n, (dt, shape, data) in tensors.items():
+        a = arr(dt, shape, data)
+        if ".mlp.experts." in n:
+            rows = ".gate_proj." in n or ".up_proj." in n
+            scale = not n.endswith(".weight")
+            if not scale:
+                z = np.zeros((Ip - I, H) if rows else (H, Ip - I), a.dtype)
+                a = np.concatenate([a, z], axis=0 if rows else 1)
+            elif kind == "block":
+                if rows:
+                    a = np.concatenate([a, np.full((Ip // bn - a.shape[0], a.shape[1]), one[dt], a.dtype)])
+                else:
+                    a = np.concatenate([a, np.full((a.shape[0], Ip // bk - a.shape[1]), one[dt], a.dtype)], axis=1)
+            elif kind == "channel" and rows and a.ndim == 2:
+                a = np.concatenate([a, np.full((Ip - I, 1), one[dt], a.dtype)])
+        padded[n] = (dt, list(a.shape), a.tobytes())
+    mp = m + "-padded"
+    qo.write_model(mp, dict(config, moe_intermediate_size=Ip), padded)
+    label = f"packed: --pad-intermediate of Qwen3-MoE experts ({quant}), moe_intermediate_size {I} at tp {tp}"
+    out, ref = os.path.join(TMP, f"o-{tag}-pad"), os.path.join(TMP, f"o-{tag}-padded-plain")
+    rc0, _, se0 = tps("split", m, "--tp", tp, "-o", out + "-x", "-q", "--layout", "vllm")
+    rc, _, se = tps("split", m, "--tp", tp, "-o", out, "-q", "--layout", "vllm", "--pad-intermediate")
+    rc2, _, se2 = tps("split", mp, "--tp", tp, "-o", ref, "-q", "--layout", "vllm")
+    if rc or rc2:
+        report(False, label, f"{se}{se2}")
+        return
+    a, pa = ranktest.read_rank_files(out, tp)
+    bb, pb = ranktest.read_rank_files(ref, tp)
+    problems = pa + pb
+    for r in range(tp):
+        problems += ranktest.compare(bb.get(r, {}), a.get(r, {}), f"rank {r}")
+    with open(os.path.join(out, "config.json")) as f:
+        if json.load(f).get("moe_intermediate_size") != Ip:
+            problems.append(f"config.json's moe_intermediate_size is not {Ip}")
+    report(rc0 == 1 and not problems, f"{label}: refused plain; rank files equal a plain split "
+           f"of the model padded to {Ip} by hand", "\n".join(problems[:10]) + se0[-300:])
+    rc, so_, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes", se)
+    rc, so_, se = tps("verify", out, "--source", m)
+    report(rc == 0, f"{label}: verify --source passes", se + so_[-800:])
+    rc, so_, se = tps("merge", out, "-o", out + "-merged")
+    src, got = sources(m), sources(out + "-merged") if rc == 0 else {}
+    report(rc == 0 and src == got, f"{label}: merge gives back the unpadded source", se[-300:])
+
+
 def working_tps():
     """plan --json's working_tp: every tp the oracle accepts, no other."""
     for name in ("gptq-g128", "gptq-i384", "ct-asym-hd4", "nvfp4-i224", "awq-ch", "ct-g128",
@@ -523,6 +717,15 @@ def main():
         pad_case(name, tp)
     big_gptq()
     bf16_pad()
+    fp8_pad("block", 96, 128, 4)
+    fp8_pad("block", 160, 256, 8)
+    fp8_pad("ct-channel", 100, 104, 8)
+    fp8_pad("tensor", 100, 104, 8)
+    moe_pad("bf16", 102, 104, 4)
+    moe_pad("fp8-block", 96, 128, 4)
+    moe_pad("fp8-tensor", 102, 104, 4)
+    moe_pad("ct-channel", 102, 104, 4)
+    moe_pad("ct-block", 96, 128, 4)
     working_tps()
     layout_refusals()
     bad_inputs()
