@@ -957,6 +957,19 @@ typedef struct {
      * X_blocks, X_scales): checks them all and counts q->nquant, in place
      * of the part table */
     tps_err (*bind)(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q);
+    /* packed methods: the dequantize kernel verify runs on both sides of a
+     * rank's piece. A weight of code `code` (its place in the words: the
+     * weight part's packed dim, code k of a word at bits bits x order[k]),
+     * zero point `zero` (the stored one's code, or 2^(bits-1) where the
+     * method stores none or the engine ignores them), its group's scale and
+     * the linear's global scale (1 where none) */
+    float (*dequant)(const tps_quant *q, unsigned code, double zero, float scale, float global);
+    const int *code_order;  /* NULL: code k at bits x k, low bits first */
+    int zeros_ignored;      /* stored zero points the engine does not read (GPTQ) */
+    float (*global_scale)(float stored); /* as the kernel applies it; NULL: as stored */
+    /* --pad-intermediate: the word (of the weight codes, or of the zero
+     * points) whose codes dequantize to exactly 0 */
+    uint32_t (*pad_word)(const tps_quant *q, tps_qrole role);
 } tps_qmethod;
 
 extern const tps_qmethod *const tps_qmethods[];
@@ -1003,6 +1016,12 @@ tps_err tps_quant_serving_config(tps_ctx *ctx, const tps_ckpt *ck, const tps_qua
 /* [bn, bk] of a config: two positive integers, or an error naming where. */
 tps_err tps_quant_block_of(tps_ctx *ctx, const tps_ckpt *ck, const char *where, const cJSON *b,
                            uint64_t *bn, uint64_t *bk);
+/* The shared kernels of the packed methods' table entries (lib/quant/gptq.c):
+ * (code - zero) x scale, and the pad word of codes 2^(bits-1) (the biased
+ * zero) and, for stored zero points of GPTQ's v1 format, one less. */
+float tps_qk_int(const tps_quant *q, unsigned code, double zero, float scale, float global);
+uint32_t tps_qk_pad_biased(const tps_quant *q, tps_qrole role);
+uint32_t tps_qk_pad_zero(const tps_quant *q, tps_qrole role);
 
 /* ------------------------------------------------------------------ layout */
 

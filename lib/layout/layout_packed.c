@@ -145,19 +145,14 @@ static uint64_t gcd_u(uint64_t a, uint64_t b)
 static uint64_t lcm_u(uint64_t a, uint64_t b) { return a && b ? a / gcd_u(a, b) * b : a ? a : b; }
 
 /* A word of codes that dequantize to exactly 0 for part p (the pad pieces'
- * value): GPTQ and symmetric compressed-tensors codes are biased by
- * 2^(bits-1) (uint4b8, uint8b128), GPTQ's stored zero points are that minus
- * one (AutoGPTQ's v1 format); AWQ's and asymmetric codes with zero points of
- * 0, NVFP4's +0, scales 0.0: zero bytes. */
+ * value), as the method's table entry says (pad_word): GPTQ and symmetric
+ * compressed-tensors codes are biased by 2^(bits-1) (uint4b8, uint8b128),
+ * GPTQ's stored zero points are that minus one (AutoGPTQ's v1 format);
+ * AWQ's and asymmetric codes with zero points of 0, NVFP4's +0, scales 0.0:
+ * zero bytes. */
 static uint32_t pad_word(const tps_quant *q, const tps_qpart *p)
 {
-    int biased = q->m == &tps_qm_gptq || (q->m == &tps_qm_ct_wna16 && !q->asym);
-    if (!biased || (p->role != TPS_QR_WEIGHT && !(p->role == TPS_QR_ZEROS && q->m == &tps_qm_gptq)))
-        return 0;
-    uint32_t code = 1u << (q->bits - 1), w = 0;
-    if (p->role == TPS_QR_ZEROS) code -= 1;
-    for (int k = 0; k < 32; k += q->bits) w |= code << k;
-    return w;
+    return q->m->pad_word ? q->m->pad_word(q, p->role) : 0;
 }
 
 /* The padded size of n features split at tp (pad_from: the unpadded), or n. */

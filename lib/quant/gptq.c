@@ -77,6 +77,54 @@ static tps_err gptq_config(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tp
     return TPS_OK;
 }
 
+/* ------------------------------------------------------------------ kernels */
+
+float tps_qk_int(const tps_quant *q, unsigned code, double zero, float scale, float global)
+{
+    (void)q;
+    (void)global;
+    return (float)(((double)code - zero) * scale);
+}
+
+static uint32_t repeat_code(const tps_quant *q, uint32_t code)
+{
+    uint32_t w = 0;
+    for (int k = 0; k < 32; k += q->bits) w |= code << k;
+    return w;
+}
+
+/* Codes 2^(bits-1), the zero of uint4b8 / uint8b128 (0x88888888); GPTQ's
+ * stored zero points one less (AutoGPTQ's v1 format stores zero - 1). */
+static uint32_t gptq_pad(const tps_quant *q, tps_qrole role)
+{
+    uint32_t code = 1u << (q->bits - 1);
+    if (role == TPS_QR_ZEROS) return repeat_code(q, code - 1);
+    return role == TPS_QR_WEIGHT ? repeat_code(q, code) : 0;
+}
+
+uint32_t tps_qk_pad_biased(const tps_quant *q, tps_qrole role)
+{
+    return role == TPS_QR_WEIGHT ? repeat_code(q, 1u << (q->bits - 1)) : 0;
+}
+
+/* Codes equal to their zero points of 0 (AWQ, asymmetric codes; NVFP4's +0). */
+uint32_t tps_qk_pad_zero(const tps_quant *q, tps_qrole role)
+{
+    (void)q;
+    (void)role;
+    return 0;
+}
+
+/* compressed-tensors: symmetric codes are biased, asymmetric ones pad with
+ * zero points of 0. */
+static uint32_t ct_wna16_pad(const tps_quant *q, tps_qrole role)
+{
+    return q->asym ? 0 : tps_qk_pad_biased(q, role);
+}
+
+/* AutoAWQ's order of the eight nibbles in a word: code k at nibble order[k]. */
+static const int awq_order[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
 #define BIT(k) (1u << (k))
 
 static const tps_qpart gptq_parts[] = {
@@ -105,6 +153,9 @@ const tps_qmethod tps_qm_gptq = {
      * qkv_proj): in rank files it finds none and builds the fused modules
      * unquantized, so that its own sharded_state loader raises KeyError */
     .module_list = "modules_in_block_to_quantize",
+    .dequant = tps_qk_int,
+    .zeros_ignored = 1, /* uint4b8 / uint8b128: vLLM reads no qzeros */
+    .pad_word = gptq_pad,
 };
 
 /* An integer field of quantization_config under the first of two names. */
@@ -179,6 +230,9 @@ const tps_qmethod tps_qm_awq = {
     .channel_rowwise_refusal = "vLLM 0.33's AWQ treats group_size -1 as one group of all "
                                "input features, which a row-parallel rank cannot hold (\"The "
                                "input size is not aligned with the quantized weight shape\")",
+    .dequant = tps_qk_int,
+    .code_order = awq_order,
+    .pad_word = tps_qk_pad_zero,
 };
 
 /* ------------------------------------------------------------------ compressed-tensors WNA16 */
@@ -278,4 +332,6 @@ const tps_qmethod tps_qm_ct_wna16 = {
     .scales_model_dtype = 1,
     .select = "format",
     .formats = "pack-quantized",
+    .dequant = tps_qk_int,
+    .pad_word = ct_wna16_pad,
 };

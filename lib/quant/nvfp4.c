@@ -74,6 +74,19 @@ static tps_err ct_nvfp4_config(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc
     return TPS_OK;
 }
 
+/* w = e2m1(code) x e4m3 scale x global (zero points: none). */
+static float nvfp4_dequant(const tps_quant *q, unsigned code, double zero, float scale, float global)
+{
+    static const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
+    (void)q;
+    (void)zero;
+    float v = (code & 8) ? -mag[code & 7] : mag[code & 7];
+    return v * scale * global;
+}
+
+/* compressed-tensors stores the global scale's inverse (weight_global_scale). */
+static float ct_global(float g) { return g != 0 ? 1.0f / g : 0; }
+
 static const tps_qpart modelopt_parts[] = {
     {.suffix = ".weight", .role = TPS_QR_WEIGHT, .in_by = 2},
     {.suffix = ".weight_scale", .role = TPS_QR_SCALE, .kinds = BIT(TPS_QS_GROUP), .in_by = 1},
@@ -103,6 +116,8 @@ const tps_qmethod tps_qm_nvfp4 = {
     .transposed = 0,
     .select = "quant_algo",
     .formats = "NVFP4",
+    .dequant = nvfp4_dequant,
+    .pad_word = tps_qk_pad_zero,
 };
 
 const tps_qmethod tps_qm_ct_nvfp4 = {
@@ -116,4 +131,7 @@ const tps_qmethod tps_qm_ct_nvfp4 = {
     .transposed = 0,
     .select = "format",
     .formats = "nvfp4-pack-quantized",
+    .dequant = nvfp4_dequant,
+    .global_scale = ct_global,
+    .pad_word = tps_qk_pad_zero,
 };

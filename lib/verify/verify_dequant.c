@@ -15,6 +15,10 @@
  *   NVFP4  w = e2m1(q) e4m3(s) g            g: weight_scale_2 (ModelOpt), or
  *                                           1 / weight_global_scale
  *
+ * Each is its method's table entry (lib/quant/): its dequant kernel, the
+ * order of codes in a word, whether stored zero points are read, how the
+ * global scale applies; this file only walks the words and groups.
+ *
  * Inputs are streamed in blocks of storage rows, so memory stays a few MiB
  * whatever the layer. Both sides add the same products in the same order,
  * in double: the comparison is exact (but for 1e-12 of the magnitudes). */
@@ -52,13 +56,22 @@ static tps_err view_rows(tps_ctx *ctx, const view *v, uint64_t r0, uint64_t r1, 
     return tps_ckpt_read_piece(ctx, v->ck, v->t, v->piece, r0 * rowb, buf, (size_t)((r1 - r0) * rowb));
 }
 
-static float e2m1(unsigned v)
+/* Where a packed method's codes run: along the input features (GPTQ's
+ * qweight rows, compressed-tensors' columns) or the output (AWQ), from its
+ * weight part in the method's table. */
+static int packs_output(const tps_qmethod *m)
 {
-    static const float mag[8] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6};
-    return (v & 8) ? -mag[v & 7] : mag[v & 7];
+    for (size_t j = 0; j < m->nparts; j++)
+        if (m->parts[j].role == TPS_QR_WEIGHT) return m->parts[j].out_packed;
+    return 0;
 }
 
-static const int awq_inv[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+/* Code k of a word: its bits in the method's order. */
+static unsigned code_of(const tps_qmethod *m, uint64_t word, uint64_t k, int bits, uint64_t mask)
+{
+    int at = m->code_order ? m->code_order[k] : (int)k;
+    return (unsigned)((word >> (bits * at)) & mask);
+}
 
 /* f32 of n values of dtype d. */
 static tps_err to_f32(tps_ctx *ctx, const tps_ctensor *t, const void *src, float *dst, size_t n)
@@ -82,7 +95,7 @@ static tps_err product(tps_ctx *ctx, const qlin *L, const float *x, uint64_t xin
     const tps_ctensor *wt = &L->w.ck->t[L->w.t];
     uint64_t pf = (uint64_t)tps_dtype_bits(wt->dtype) / (uint64_t)bits;
     uint64_t zpf = 32u / (unsigned)bits, mask = (1u << bits) - 1;
-    int awq = m == &tps_qm_awq, nvfp4 = m == &tps_qm_nvfp4 || m == &tps_qm_ct_nvfp4;
+    int awq = packs_output(m); /* codes along the output: AWQ */
     /* features a storage row holds along its dim, and the rows a block takes */
     uint64_t frow = tr ? (awq ? 1 : pf) : 1;
     uint64_t width = tr ? L->out : L->in;
@@ -106,7 +119,7 @@ static tps_err product(tps_ctx *ctx, const qlin *L, const float *x, uint64_t xin
     if (!rc && L->has_g) {
         float g;
         rc = view_rows(ctx, &L->g, 0, 1, &g);
-        gsc = m == &tps_qm_ct_nvfp4 ? (g != 0 ? 1.0f / g : 0) : g;
+        gsc = m->global_scale ? m->global_scale(g) : g;
     }
     uint64_t group = q->group < 0 ? (tr ? L->in : L->in) : (uint64_t)q->group;
     /* the storage rows and columns the window needs */
@@ -140,39 +153,29 @@ static tps_err product(tps_ctx *ctx, const qlin *L, const float *x, uint64_t xin
                     if (tr && !awq) { /* GPTQ: packed along the input */
                         i = r * pf + k;
                         o = c;
-                        code = (unsigned)((word >> (bits * k)) & mask);
-                    } else if (tr) { /* AWQ: packed along the output, AutoAWQ's order */
+                    } else if (tr) { /* AWQ: packed along the output */
                         i = r;
                         o = c * pf + k;
-                        code = (unsigned)((word >> (4 * awq_inv[k])) & mask);
-                    } else { /* [out, in], packed along the input, low bits first */
+                    } else { /* [out, in], packed along the input */
                         i = c * pf + k;
                         o = r;
-                        code = (unsigned)((word >> (bits * k)) & mask);
                     }
+                    code = code_of(m, word, k, bits, mask);
                     if (i < i_lo || i >= i_hi || o < o_lo || o >= o_hi) continue;
                     uint64_t gi = i / group;
                     float s = tr ? sb[(L->s.rows == 1 ? 0 : gi) * L->s.cols + o]
                                  : sb[o * L->s.cols + (L->s.cols == 1 ? 0 : gi)];
-                    float w;
-                    if (nvfp4) {
-                        w = e2m1(code) * s * gsc;
-                    } else {
-                        double zero = (double)(1u << (bits - 1));
-                        if (L->has_z) {
-                            uint32_t zw;
-                            unsigned zc;
-                            if (tr) { /* AWQ qzeros [groups, out / 8], AutoAWQ's order */
-                                zw = zb[(L->z.rows == 1 ? 0 : gi) * L->z.cols + o / zpf];
-                                zc = (zw >> (4 * awq_inv[o % zpf])) & (unsigned)mask;
-                            } else { /* [out / pf, groups], low bits first */
-                                zw = zb[(o / zpf) * L->z.cols + (L->z.cols == 1 ? 0 : gi)];
-                                zc = (zw >> (bits * (o % zpf))) & (unsigned)mask;
-                            }
-                            zero = zc;
-                        }
-                        w = (float)(((double)code - zero) * s);
+                    double zero = (double)(1u << (bits - 1));
+                    if (L->has_z) {
+                        uint32_t zw;
+                        if (tr) /* qzeros [groups, out / pf] */
+                            zw = zb[(L->z.rows == 1 ? 0 : gi) * L->z.cols + o / zpf];
+                        else /* [out / pf, groups] */
+                            zw = zb[(o / zpf) * L->z.cols + (L->z.cols == 1 ? 0 : gi)];
+                        zero = code_of(m, zw, o % zpf, bits, mask);
                     }
+                    /* the method's own kernel, from its table entry */
+                    float w = m->dequant(q, code, zero, s, gsc);
                     for (int v = 0; v < NX; v++) {
                         double xv = x[v * xin + L->in0 + i];
                         y[v * yw + o - o_lo] += xv * w;
@@ -243,7 +246,7 @@ static void view_features(const tps_quant *q, const view *w, uint64_t *in, uint6
     const tps_qmethod *m = q->m;
     const tps_ctensor *t = &w->ck->t[w->t];
     uint64_t pf = (uint64_t)tps_dtype_bits(t->dtype) / (uint64_t)q->bits;
-    int awq = m == &tps_qm_awq;
+    int awq = packs_output(m);
     if (m->transposed) {
         *in = w->rows * (awq ? 1 : pf);
         *out = w->cols * (awq ? pf : 1);
@@ -257,7 +260,7 @@ tps_err tps_vd_check(vctx *V)
 {
     tps_ctx *ctx = V->ctx;
     const tps_quant *q = V->q;
-    if (!V->src || !q || !q->m->weight_suffix) return TPS_OK;
+    if (!V->src || !q || !q->m->weight_suffix || !q->m->dequant) return TPS_OK;
     tps_err rc = TPS_OK;
     uint64_t seed = 0x9E3779B97F4A7C15ull;
     for (size_t i = 0; !rc && i < V->ck->n; i++) {
@@ -272,7 +275,7 @@ tps_err tps_vd_check(vctx *V)
         if (kg >= 0) sg = tps_ckpt_find(V->src, V->ck->t[kg].name);
         if (ss < 0 || (kz >= 0 && sz < 0) || (kg >= 0 && sg < 0)) continue;
         /* seeded inputs over the whole linear */
-        qlin S = {.q = q, .has_z = kz >= 0 && q->m != &tps_qm_gptq, .has_g = kg >= 0};
+        qlin S = {.q = q, .has_z = kz >= 0 && !q->m->zeros_ignored, .has_g = kg >= 0};
         whole_view(V->src, (size_t)sw, &S.w);
         whole_view(V->src, (size_t)ss, &S.s);
         if (S.has_z) whole_view(V->src, (size_t)sz, &S.z);
