@@ -394,9 +394,12 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
     if (L->ep ? E % tp : I % tp) {
         char works[300];
         tps_lc_works_list(works, sizeof works, L->ep ? E : I, 0, tps_lc_ok_divides);
-        refuse(C, "%s = %llu is not divisible by tp %d (layout %s %s; tp values that work: %s)",
+        refuse(C, "%s = %llu is not divisible by tp %d (layout %s %s; tp values that work: %s%s)",
                L->ep ? x->count : x->rows, (unsigned long long)(L->ep ? E : I), C->tp, lname,
-               L->ep ? "holds whole experts on each rank" : "splits every expert evenly", works);
+               L->ep ? "holds whole experts on each rank" : "splits every expert evenly", works,
+               L->pad_mode && !L->ep ? "; --pad-intermediate does not pad experts held in 3-D "
+                                       "tensors"
+                                     : "");
         return TPS_OK;
     }
     uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;

@@ -395,15 +395,20 @@ static tps_err write_blocks(engine *E, const fgroup *G, uint64_t a, wb_fn one, v
     if (!done) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
     tps_err rc = TPS_OK;
     while (!rc && left) {
-        size_t wrote = 0;
-        for (size_t w = 0; !rc && w < G->n; w++) {
-            size_t i = (first + w) % G->n;
+        /* a pass over the pending ones: the idle files' written, or, when
+         * every pending file is busy, the first of them anyway */
+        size_t wrote = 0, busy = SIZE_MAX;
+        for (size_t w = 0; !rc && w <= G->n; w++) {
+            size_t i = w < G->n ? (first + w) % G->n : busy;
+            if (w == G->n && (wrote || busy == SIZE_MAX)) break;
             if (done[i]) continue;
             const tps_rtensor *rt = &L->rt[G->rts[i]];
             const oslot *so = &E->slots[G->rts[i]];
             ofile *f = &E->files[so->file];
-            if (__atomic_load_n(&f->writers, __ATOMIC_RELAXED) && !(wrote == 0 && w + 1 == G->n))
+            if (w < G->n && __atomic_load_n(&f->writers, __ATOMIC_RELAXED)) {
+                if (busy == SIZE_MAX) busy = i;
                 continue;
+            }
             __atomic_add_fetch(&f->writers, 1, __ATOMIC_RELAXED);
             rc = one(E, u, i, f, so->off + a * tps_rt_stride(rt));
             __atomic_sub_fetch(&f->writers, 1, __ATOMIC_RELAXED);
@@ -444,13 +449,13 @@ struct wb_gather {
     uint64_t a, b;
     const char *lo, *hi;   /* the span of the sources' mappings (one guard) */
     uint32_t *crc;         /* P[m]'s CRC so far */
+    const uint64_t *pr0, *prun, *pnr; /* P[m]'s first row, run and rows (piece_runs) */
 };
 
 /* Rank tensor i's rows listed and written (inside wb_gather_one's guard). */
 static tps_err gather_rows(engine *E, const struct wb_gather *u, size_t i, ofile *f, uint64_t off)
 {
     const tps_layout *L = E->L;
-    const tps_rtensor *rt = &L->rt[u->G->rts[i]];
     /* Few enough runs a write that the CRCs, taken as the rows are listed,
      * leave them in cache for the kernel's copy. */
     struct iovec iov[64];
@@ -461,8 +466,7 @@ static tps_err gather_rows(engine *E, const struct wb_gather *u, size_t i, ofile
         for (size_t q = u->first[i]; !rc && q < u->first[i + 1]; q++) {
             size_t m = u->order[q];
             const tps_lpiece *p = &L->pieces[u->P[m].pi];
-            uint64_t pr0, pc0, run, nr;
-            piece_runs(E, rt, p, &pr0, &pc0, &run, &nr);
+            uint64_t pr0 = u->pr0[m], run = u->prun[m], nr = u->pnr[m];
             if (x < pr0 || x >= pr0 + nr) continue;
             const char *from = p->kind == TPS_PK_ZERO ? NULL : u->at[m] + (x - u->r0[m]) * u->step[m];
             if (from && u->P[m].slot != SIZE_MAX)
@@ -632,10 +636,18 @@ static tps_err fused_gathered(engine *E, const task *tk, const fgroup *G, fpiece
             if (!hi || fs[g].map + fs[g].mlen > hi) hi = fs[g].map + fs[g].mlen;
         }
         uint32_t *crc = tps_xcalloc(n ? n : 1, sizeof *crc);
-        if (!crc) rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
-        struct wb_gather u = {G, P, order, first, at, step, r0, a, b, lo, hi, crc};
+        uint64_t *geo = tps_xcalloc(3 * (n ? n : 1), sizeof *geo);
+        if (!crc || !geo) rc = tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+        for (size_t m = 0; !rc && m < n; m++) {
+            uint64_t pc0;
+            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &geo[m], &pc0, &geo[n + m],
+                       &geo[2 * n + m]);
+        }
+        struct wb_gather u = {G, P, order, first, at, step, r0, a, b, lo, hi, crc,
+                              geo, geo + n, geo + 2 * n};
         if (!rc) rc = write_blocks(E, G, a, wb_gather_one, &u);
         free(crc);
+        free(geo);
         *done = 1;
     }
     for (size_t g = 0; g < nfs; g++) fused_source_done(&fs[g]);
