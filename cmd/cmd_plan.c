@@ -474,9 +474,9 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         printf("  %-7s %s: %s\n", c.ok == 1 ? "pass" : c.ok == 0 ? "FAIL" : "skipped", c.name, c.detail);
     }
     int ok[64], nok = 0;
+    tps_layout_opts wo = {.ep = tps_layout_ep(L), .pp = 1, .moe_backend = g_moe_backend};
     if (tps_layout_pp(L) == 1 &&
-        !tps_layout_working_tps(ctx, ck, plan, tps_layout_spec_of(L), tps_layout_ep(L), 1, NULL,
-                                ok, &nok)) {
+        !tps_layout_working_tps_opts(ctx, ck, plan, tps_layout_spec_of(L), &wo, ok, &nok)) {
         printf("\ntp values that work (every rule of this checkpoint together, up to 64): ");
         for (int i = 0; i < nok; i++) printf("%s%d", i ? ", " : "", ok[i]);
         printf("%s\n", nok ? "" : "none");
@@ -486,8 +486,9 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         tps_layout *P = NULL;
         const char *pf;
         uint64_t pfrom, pto;
-        if (!tps_layout_new_padded(ctx, ck, plan, tps_layout_spec_of(L), tp, tps_layout_ep(L), 1,
-                                   NULL, 1, &P) &&
+        tps_layout_opts po = {.ep = tps_layout_ep(L), .pp = 1, .pad = 1,
+                              .moe_backend = g_moe_backend};
+        if (!tps_layout_new_opts(ctx, ck, plan, tps_layout_spec_of(L), tp, &po, &P) &&
             P && !tps_layout_rejected(P))
             for (int k = 0; k < 2; k++)
                 if (tps_layout_padding(P, k, &pf, &pfrom, &pto))
@@ -591,8 +592,9 @@ int cmd_plan(int argc, char **argv)
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_plan);
     if (!status) cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
     if (!status) {
-        tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1,
-                                          stage_layers, pad, &L);
+        tps_layout_opts lo = {.ep = ep, .pp = pp ? (int)pp : 1, .layers = stage_layers,
+                              .pad = pad, .moe_backend = g_moe_backend};
+        tps_err e = tps_layout_new_opts(ctx, ck, plan, spec, (int)tp, &lo, &L);
         status = e ? cli_lib_error(ctx, e) : cli_print_plan(ctx, argv[optind], ck, plan, L);
         if (!g_json && status == 1 && L && tps_layout_rejected(L))
             cli_report_rejection(plan, L);

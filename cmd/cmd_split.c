@@ -187,8 +187,9 @@ int cmd_split(int argc, char **argv)
     if (!status && untie) status = cli_untie(ctx, ck, plan, spec, usage_split);
     if (status) goto done;
     cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
-    tps_err e = tps_layout_new_padded(ctx, ck, plan, spec, (int)tp, ep, pp ? (int)pp : 1, stage_layers, pad,
-                                  &L);
+    tps_layout_opts lo = {.ep = ep, .pp = pp ? (int)pp : 1, .layers = stage_layers, .pad = pad,
+                          .moe_backend = g_moe_backend};
+    tps_err e = tps_layout_new_opts(ctx, ck, plan, spec, (int)tp, &lo, &L);
     if (e) {
         status = cli_lib_error(ctx, e);
         goto done;

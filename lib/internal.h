@@ -433,6 +433,7 @@ struct tps_ckpt {
     const char *layout_target; /* NULL for dtensor */
     const char *layout_text;   /* the layout file the split used, or NULL */
     int layout_ep;             /* split --ep: experts whole on one rank each */
+    const char *layout_moe;    /* the MoE backend its MXFP4 experts were laid out for, or NULL */
     tps_crtensor *rts;  /* sharded dirs: rank_tensors of the manifest */
     size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
@@ -1114,6 +1115,11 @@ struct tps_layout {
     /* the same for the experts' intermediate size (moe_intermediate_size) */
     const char *epad_field;
     uint64_t epad_from, epad_to;
+    /* vLLM's MoE backend for MXFP4 experts (split --moe-backend): the round-up
+     * of their parameters' sizes; moe_used: some rank tensor's shape depends
+     * on it (the manifest records it) */
+    const tps_moe_backend *moe;
+    int moe_used;
     /* pipeline parallelism (a layout with a pipeline section): pp stages of
      * tp ranks each; rank (worker) w is stage w / tp, tensor-parallel rank
      * w % tp, and nranks = tp * pp. Stage s holds layers
@@ -1152,7 +1158,7 @@ struct tps_layout {
  * them (no plan), the layout file it used, and the directory's config. */
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
-                               int pad,
+                               int pad, const tps_moe_backend *moe,
                                const tps_style *styles, tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */

@@ -298,6 +298,27 @@ typedef struct {
 #define TPS_MOE_BACKEND_DEFAULT "triton"
 const tps_moe_backend *tps_moe_backend_find(const char *name); /* NULL: unknown */
 const tps_moe_backend *tps_moe_backend_list(size_t *n);
+
+/* Everything tps_layout_new_padded takes beside tp, and vLLM's MoE backend
+ * for MXFP4 experts (NULL: TPS_MOE_BACKEND_DEFAULT), whose round-up gives
+ * the shapes of gpt-oss's experts in vLLM's layout. Zeroed: pp 1, nothing
+ * else asked for. */
+typedef struct {
+    int ep, pp;                   /* pp 0 counts as 1 */
+    const int *layers;            /* pp layer counts, or NULL: the engine's partition */
+    int pad;                      /* --pad-intermediate */
+    const tps_moe_backend *moe_backend;
+} tps_layout_opts;
+tps_err tps_layout_new_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                            const tps_layout_spec *spec, int tp, const tps_layout_opts *o,
+                            tps_layout **out);
+/* tps_layout_working_tps with these options (o->pp and o->layers as there). */
+tps_err tps_layout_working_tps_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                                    const tps_layout_spec *spec, const tps_layout_opts *o,
+                                    int *out, int *n);
+/* The MoE backend the layout laid MXFP4 experts out for; NULL when no rank
+ * tensor depends on one (no MXFP4 experts, or the dtensor layout). */
+const tps_moe_backend *tps_layout_moe_backend(const tps_layout *L);
 int tps_layout_ranks(const tps_layout *L);  /* tp * pp: the ranks (workers) with rank files */
 /* Stage s's layers: [*first, *first + *n); the whole model at pp 1 (n 0 without a count). */
 void tps_layout_stage(const tps_layout *L, int s, int *first, int *n);

@@ -402,6 +402,27 @@ tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *
                               const tps_layout_spec *spec, int tp, int ep, int pp,
                               const int *layers, int pad, tps_layout **out)
 {
+    tps_layout_opts o = {.ep = ep, .pp = pp, .layers = layers, .pad = pad};
+    return tps_layout_new_opts(ctx, ck, plan, spec, tp, &o, out);
+}
+
+const tps_moe_backend *tps_layout_moe_backend(const tps_layout *L)
+{
+    return L->moe_used ? L->moe : NULL;
+}
+
+/* The backend asked for, or vLLM 0.33's own choice on a Hopper GPU. */
+static const tps_moe_backend *moe_of(const tps_layout_opts *o)
+{
+    return o && o->moe_backend ? o->moe_backend : tps_moe_backend_find(TPS_MOE_BACKEND_DEFAULT);
+}
+
+tps_err tps_layout_new_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                            const tps_layout_spec *spec, int tp, const tps_layout_opts *o,
+                            tps_layout **out)
+{
+    int ep = o ? o->ep : 0, pp = o && o->pp ? o->pp : 1, pad = o ? o->pad : 0;
+    const int *layers = o ? o->layers : NULL;
     *out = NULL;
     if (tp < 1 || tp > 4096) return tps_fail(ctx, TPS_E_ARG, "tp must be between 1 and 4096, not %d", tp);
     if (pp < 1 || pp > 4096 || tp * pp > 65536)
@@ -413,6 +434,7 @@ tps_err tps_layout_new_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->pad_mode = pad;
+    L->moe = moe_of(o);
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     /* Named after the file: a malformed per_layer_config is the config's fault. */
     char *cfg_label = tps_asprintf("%s/config.json", ck->dir ? ck->dir : ".");
@@ -475,13 +497,15 @@ out:
 
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
-                               int pad, const tps_style *styles, tps_layout **out)
+                               int pad, const tps_moe_backend *moe, const tps_style *styles,
+                               tps_layout **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->pad_mode = pad;
+    L->moe = moe ? moe : tps_moe_backend_find(TPS_MOE_BACKEND_DEFAULT);
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     for (size_t i = 0; i < ck->n; i++) {
         L->p[i].t = i;
@@ -702,6 +726,14 @@ tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
                                const tps_layout_spec *spec, int ep, int pp, const int *layers,
                                int *out, int *n)
 {
+    tps_layout_opts o = {.ep = ep, .pp = pp, .layers = layers};
+    return tps_layout_working_tps_opts(ctx, ck, plan, spec, &o, out, n);
+}
+
+tps_err tps_layout_working_tps_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                                    const tps_layout_spec *spec, const tps_layout_opts *o,
+                                    int *out, int *n)
+{
     *n = 0;
     /* every family splits its attention heads: only their divisors can work */
     int present;
@@ -709,7 +741,9 @@ tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
     for (int tp = 1; tp <= 64; tp++) {
         if (heads && heads % (uint64_t)tp) continue;
         tps_layout *L = NULL;
-        tps_err rc = tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, pp, layers, &L);
+        tps_layout_opts one = *o;
+        one.pad = 0; /* the tp values the checkpoint itself allows */
+        tps_err rc = tps_layout_new_opts(ctx, ck, plan, spec, tp, &one, &L);
         if (rc == TPS_E_NOMEM) return rc;
         if (!rc && L && !L->rejected) out[(*n)++] = tp;
         tps_layout_free(L);

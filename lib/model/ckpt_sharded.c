@@ -420,6 +420,11 @@ static tps_err read_head(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
         ck->layout_target = lt->valuestring;
         ck->layout_text = cJSON_IsString(lx) ? lx->valuestring : NULL;
         ck->layout_ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(lay, "ep"));
+        const cJSON *mb = cJSON_GetObjectItemCaseSensitive(lay, "moe_backend");
+        TPS_FAIL_IF(mb && (!cJSON_IsString(mb) || !tps_moe_backend_find(mb->valuestring)), ctx,
+                    TPS_E_JSON, "%s: layout.moe_backend is not a vLLM MoE backend tpshard knows",
+                    mpath);
+        ck->layout_moe = mb ? mb->valuestring : NULL;
     }
     /* source tensors the layout left out: merge names them, verify does not miss them */
     const cJSON *dropped = cJSON_GetObjectItemCaseSensitive(m, "dropped");

@@ -69,6 +69,11 @@ static int joinable(const engine *E, const cJSON *m)
     const char *lname = cJSON_IsString(ln) ? ln->valuestring : "dtensor";
     int ep = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"), "ep"));
     if (ep != E->L->ep) return 0;
+    /* MXFP4 experts laid out for another MoE backend have other shapes */
+    const cJSON *mb = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(m, "layout"),
+                                                       "moe_backend");
+    const tps_moe_backend *mine = tps_layout_moe_backend(E->L);
+    if (mine ? !cJSON_IsString(mb) || strcmp(mb->valuestring, mine->name) : mb != NULL) return 0;
     const cJSON *pp = cJSON_GetObjectItemCaseSensitive(m, "pp");
     if ((pp ? !cJSON_IsNumber(pp) || pp->valueint != E->L->pp : E->L->pp != 1)) return 0;
     if (!cJSON_IsNumber(tp) || tp->valueint != E->L->tp || !cJSON_IsString(pn) ||

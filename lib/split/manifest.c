@@ -181,6 +181,12 @@ static void mw_head(const engine *E, FILE *f, const char *plan_source)
         fputs(", \"text\": ", f);
         mw_str(f, L->spec->text);
         if (L->ep) fputs(", \"ep\": true", f);
+        /* the MXFP4 experts' shapes are this backend's (verify lays them out again) */
+        const tps_moe_backend *mb = tps_layout_moe_backend(L);
+        if (mb) {
+            fputs(", \"moe_backend\": ", f);
+            mw_str(f, mb->name);
+        }
         fputs("},\n", f);
     }
 }

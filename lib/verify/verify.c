@@ -134,8 +134,11 @@ static tps_err expect_layout(vctx *V)
     if (ck->plan_text) /* packed tensors: their sections are the plan's */
         TPS_CHECK(tps_plan_parse(ctx, "the plan recorded in tpshard.json", ck->plan_text,
                                  strlen(ck->plan_text), &V->plan));
+    /* MXFP4 experts: their shapes are the backend's the split used (the
+     * manifest reader made sure it is one tpshard knows) */
+    const tps_moe_backend *moe = ck->layout_moe ? tps_moe_backend_find(ck->layout_moe) : NULL;
     TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
-                                     ck->stage_layers, ck->pad_intermediate, st, &V->lay));
+                                     ck->stage_layers, ck->pad_intermediate, moe, st, &V->lay));
     TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
                 "%s: layout %s would not write this model at tp %d: %s", ck->path,
                 V->spec->name, V->tp, V->lay->rejected);
