@@ -729,6 +729,22 @@ typedef struct {
     size_t nparts;
     int dim;        /* 0: rows, 1: columns */
     int halves;     /* stacked: sections of the part's rows (Gemma 4's gate_up_proj: 2), or 1 */
+    /* stacked rows: the part's 2 x I rows are gate and up interleaved (row 2j
+     * gate, 2j + 1 up), and a rank's rows are one run of whole pairs
+     * (gpt-oss's gate_up_proj) */
+    int interleaved;
+    /* stacked, unquantized: the checkpoint stores the part with its last two
+     * dims swapped ([E, H, rows], [E, I, H] for columns) and the engine holds
+     * each expert's slice transposed (gpt-oss's BF16 experts) */
+    int transposed;
+    /* stacked: the part's bias <module>.<bias_part> [E, out] as the engine's
+     * <module>[.<into>].<bias_as>, cut like the stack's rows (a columns
+     * stack's: bias_first, whole on rank 0 and zeros on the others, the bias
+     * of a row-parallel layer added once); NULL: none */
+    char *bias_part, *bias_as;
+    int bias_first;
+    /* stacked, quantized (MXFP4): the engine's name for the stack's scales */
+    char *scale_as;
 } tps_lstack;
 
 typedef struct {

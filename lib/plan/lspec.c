@@ -329,7 +329,9 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     static const char *const known[] = {"match", "count", "rows", "into", "router", "stacks",
                                         "model_types", "fuse_shared", "stacked"};
     static const char *const rknown[] = {"module", "as"};
-    static const char *const sknown[] = {"name", "parts", "split", "halves"};
+    static const char *const sknown[] = {"name",       "parts", "split", "halves",
+                                         "interleaved", "transposed", "bias", "scale"};
+    static const char *const bknown[] = {"part", "as", "ranks"};
     static const char *const fknown[] = {"module", "architectures", "counts", "shared"};
     const ynode *v[9], *rv[2], *fv[4];
     TPS_TRY(tps_pl_map_fields(pc, m, "experts entry", known, 9, v));
@@ -389,9 +391,9 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
     x->stacks = tps_xcalloc(v[5]->n, sizeof *x->stacks);
     if (!x->stacks) return tps_pl_nomem(pc->ctx);
     for (size_t i = 0; i < v[5]->n; i++) {
-        const ynode *sv[4];
+        const ynode *sv[8];
         tps_lstack *st = &x->stacks[x->nstacks++];
-        TPS_TRY(tps_pl_map_fields(pc, v[5]->kid[i], "stack", sknown, 4, sv));
+        TPS_TRY(tps_pl_map_fields(pc, v[5]->kid[i], "stack", sknown, 8, sv));
         st->halves = 1;
         if (sv[3]) {
             double d;
@@ -412,6 +414,40 @@ static tps_err parse_lexperts(const pctx *pc, const ynode *m, tps_lexperts *x)
         else return tps_pl_perr(pc, sv[2]->line, "a stack's 'split' is rows or columns");
         if (st->dim == 1 && st->nparts != 1)
             return tps_pl_perr(pc, sv[1]->line, "a stack split by columns has one part");
+        /* gpt-oss's experts: one part of interleaved gate/up rows, stored
+         * transposed unquantized, each with its bias and (MXFP4) its scales */
+        for (int k = 4; k < 8; k++)
+            if (sv[k] && (!x->stacked || st->nparts != 1))
+                return tps_pl_perr(pc, sv[k]->line, "a stack's '%s' is for a stacked experts "
+                                                    "entry's one-part stack", sknown[k]);
+        if (sv[4]) TPS_TRY(tps_pl_get_bool(pc, sv[4], "interleaved", &st->interleaved));
+        if (st->interleaved && (st->dim != 0 || st->halves != 1))
+            return tps_pl_perr(pc, sv[4]->line, "an interleaved stack is split by rows, without "
+                                                "'halves'");
+        if (sv[5]) TPS_TRY(tps_pl_get_bool(pc, sv[5], "transposed", &st->transposed));
+        if (sv[6]) {
+            const ynode *bv[3];
+            TPS_TRY(tps_pl_map_fields(pc, sv[6], "bias", bknown, 3, bv));
+            if (!bv[0] || !bv[1])
+                return tps_pl_perr(pc, sv[6]->line, "a stack's 'bias' needs 'part' and 'as'");
+            TPS_TRY(tps_pl_get_str(pc, bv[0], "part", &st->bias_part));
+            TPS_TRY(check_leaf(pc, bv[0]));
+            TPS_TRY(tps_pl_get_str(pc, bv[1], "as", &st->bias_as));
+            TPS_TRY(check_leaf(pc, bv[1]));
+            if (bv[2]) {
+                if (bv[2]->type != YN_SCALAR ||
+                    (strcmp(bv[2]->s, "all") && strcmp(bv[2]->s, "first")))
+                    return tps_pl_perr(pc, bv[2]->line, "a bias's 'ranks' is all or first");
+                st->bias_first = !strcmp(bv[2]->s, "first");
+                if (st->bias_first && st->dim != 1)
+                    return tps_pl_perr(pc, bv[2]->line, "'ranks: first' is for the bias of a "
+                                                        "stack split by columns");
+            }
+        }
+        if (sv[7]) {
+            TPS_TRY(tps_pl_get_str(pc, sv[7], "scale", &st->scale_as));
+            TPS_TRY(check_leaf(pc, sv[7]));
+        }
         for (size_t j = 0; j < i; j++)
             if (!strcmp(x->stacks[j].name, st->name))
                 return tps_pl_perr(pc, sv[0]->line, "stack '%s' is listed twice", st->name);
@@ -756,6 +792,9 @@ void tps_lspec_free(tps_lspec *s)
         for (size_t j = 0; j < x->nstacks; j++) {
             free(x->stacks[j].name);
             tps_pl_strv_free(x->stacks[j].parts, x->stacks[j].nparts);
+            free(x->stacks[j].bias_part);
+            free(x->stacks[j].bias_as);
+            free(x->stacks[j].scale_as);
         }
         free(x->stacks);
     }
