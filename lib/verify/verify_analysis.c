@@ -147,21 +147,27 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
         const tps_region *g = &L->regions[lp->region];
         if (V->ck->rank_present && !V->ck->rank_present[lp->rank]) continue;
         want++;
-        const char *holder = L->rt[V->lay_piece_rt[pi]].name;
+        const tps_rtensor *lrt = &L->rt[V->lay_piece_rt[pi]];
+        const char *holder = lrt->name;
         int rep = lp->replica && g->dim >= 0, found = 0;
+        /* a strided piece's runs too: the holder's shape (an MXFP4 expert's
+         * zero tail, the backend's round-up) decides where they lie */
+        uint64_t lrun = lp->xf ? 0 : lp->run, lstride = lrun ? tps_piece_stride(lrt, lp) : 0;
         for (int p = 0; p < ct->npieces + ct->nreplicas && !found; p++) {
             const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            uint64_t prun = pc->rep_n ? 0 : pc->run, pstride = prun ? pc->stride : 0;
             found = pc->rank == lp->rank && (p >= ct->npieces) == rep && pc->at == lp->at &&
-                    !strcmp(pc->holder, holder) &&
+                    !strcmp(pc->holder, holder) && prun == lrun && pstride == lstride &&
                     (g->dim < 0 || (pc->lo == g->lo && pc->hi == g->hi));
         }
         if (!found)
             return g->dim >= 0
                        ? tps_asprintf("layout %s puts rows [%llu, %llu) of it on rank %d%s, inside "
-                                      "'%s' at byte %llu; the manifest does not",
+                                      "'%s' at byte %llu%s; the manifest does not",
                                       V->lay->spec->name, (unsigned long long)g->lo,
                                       (unsigned long long)g->hi, lp->rank, rep ? " (a replica)" : "",
-                                      holder, (unsigned long long)lp->at)
+                                      holder, (unsigned long long)lp->at,
+                                      lrun ? " in runs of its bytes" : "")
                        : tps_asprintf("layout %s puts all of it on rank %d as '%s'; the manifest "
                                       "does not",
                                       V->lay->spec->name, lp->rank, holder);
