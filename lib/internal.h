@@ -995,6 +995,9 @@ extern const tps_qmethod tps_qm_fp8, tps_qm_ct_fp8; /* lib/quant/fp8.c */
 extern const tps_qmethod tps_qm_gptq, tps_qm_awq, tps_qm_ct_wna16; /* lib/quant/gptq.c */
 extern const tps_qmethod tps_qm_nvfp4, tps_qm_ct_nvfp4; /* lib/quant/nvfp4.c */
 extern const tps_qmethod tps_qm_mxfp4;               /* lib/quant/mxfp4.c */
+/* MXFP4's tensors beside an experts module's projection P: P_blocks, P_scales */
+#define TPS_MXFP4_BLOCKS "_blocks"
+#define TPS_MXFP4_SCALES "_scales"
 
 struct tps_quant {
     const tps_qmethod *m;

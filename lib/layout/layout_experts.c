@@ -370,6 +370,24 @@ static tps_err place_experts(cstate *C, const tps_lexperts *x, const char *modul
     return rc;
 }
 
+/* Every tensor <module>.<leaf> is placed by its stacks: 0, or a refusal
+ * naming one that is not (the engine has no place for it). */
+static tps_err module_all_used(cstate *C, const char *module)
+{
+    const tps_ckpt *ck = C->ck;
+    size_t ml = strlen(module);
+    for (size_t i = 0; i < ck->n; i++) {
+        const char *nm = ck->t[i].name;
+        if (C->used[i] || strncmp(nm, module, ml) || nm[ml] != '.' || strchr(nm + ml + 1, '.'))
+            continue;
+        refuse(C, "tensor '%s' lies under '%s', whose experts layout %s stacks, but none of its "
+                  "stacks holds it",
+               nm, module, C->L->spec->name);
+        break;
+    }
+    return TPS_OK;
+}
+
 /* Experts held whole in 3-D tensors, <module>.<part> [E, halves x I, H]
  * (rows stacks) or [E, H, I] (columns): each stack on every rank, its
  * experts' rows (every half's) or columns of the rank, or with --ep its
@@ -402,9 +420,29 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
                                      : "");
         return TPS_OK;
     }
+    if (L->q && L->q->m == &tps_qm_mxfp4) { /* gpt-oss's MXFP4 experts: blocks, scales, bias */
+        TPS_TRY(tps_lc_mxfp4_experts(C, x, module, E, I, H));
+        return C->why[0] ? TPS_OK : module_all_used(C, module);
+    }
     uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
     for (size_t si = 0; si < x->nstacks; si++) {
         const tps_lstack *st = &x->stacks[si];
+        if (st->transposed || st->bias_part) {
+            /* vLLM 0.33 _load_unquantized_expert: loaded_weight.t() of each
+             * expert's rank slice */
+            char *sn = tps_asprintf("%s.%s", module, st->parts[0]);
+            if (!sn) return nomem(C);
+            refuse(C, "tensor '%s': layout %s holds each expert's slice of these unquantized "
+                      "experts transposed (vLLM 0.33's %s [E, %s, %s] is the checkpoint's "
+                      "[E, %s, %s] cut and transposed, as for gpt-oss's BF16 experts), which "
+                      "tpshard's rank tensors (runs of a source tensor's bytes in their own "
+                      "order, zeros, constants) cannot hold yet; the model's MXFP4 checkpoints "
+                      "are written, and --layout dtensor writes this one",
+                   sn, lname, st->name, st->dim ? "H" : "2 I / tp", st->dim ? "I / tp" : "H",
+                   st->dim ? "I" : "H", st->dim ? "H" : "2 I");
+            free(sn);
+            return TPS_OK;
+        }
         char *sn = tps_asprintf("%s.%s", module, st->parts[0]);
         int t = sn ? tps_ckpt_find(ck, sn) : -1;
         if (!sn) return nomem(C);
@@ -462,7 +500,7 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
         }
         C->used[t] = 1;
     }
-    return TPS_OK;
+    return module_all_used(C, module);
 }
 
 /* Stacks the experts of every module the layout's experts entries match;

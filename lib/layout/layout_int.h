@@ -14,6 +14,7 @@
  *   layout_fuse.c     fused projections (q/k/v, gate/up), packed sections
  *                     (Phi-3's qkv_proj), when a fused module has a bias
  *   layout_experts.c  experts stacked per module, their routers, --ep
+ *   layout_mxfp4.c    gpt-oss's MXFP4 experts: vLLM's uneven block cut, zero tails
  *   layout_scales.c   quantization scales: following their weight's split,
  *                     fused with it, widened to F32
  *   layout_vocab.c    the padded vocabulary, the tied head, the engine's extra
@@ -190,6 +191,13 @@ tps_err tps_lc_pad_setup(cstate *C);
 /* The E experts of module (layout experts entry x) of a packed method:
  * each stack's every part stacked [E, ...] as the engine's fused MoE holds it. */
 tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E);
+
+/* layout_mxfp4.c */
+/* gpt-oss's MXFP4 experts of module (layout experts entry x, E experts of
+ * intermediate size I, hidden size H): every stack's blocks, scales and
+ * bias as vLLM's gpt-oss loader holds them for L->moe, or a refusal. */
+tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
+                             uint64_t I, uint64_t H);
 
 /* layout_pp.c */
 /* L's stages: pp and the partition (layers, or the engine's), checked. */

@@ -15,10 +15,11 @@
  *
  * What this entry holds: the config reader, the shape rules every blocks
  * and scales pair must meet against config.json (a mismatch is an error
- * naming the tensor and the field), and the MoE backends' round-ups of vLLM's MXFP4 expert parameters. The tensors keep
- * the plain role: the DTensor layout replicates them whole (transformers'
- * GptOss TP plan leaves the experts out), and no serving layout writes
- * them yet. */
+ * naming the tensor and the field), and the MoE backends' round-ups of
+ * vLLM's MXFP4 expert parameters. The tensors keep the plain role: the
+ * DTensor layout replicates them whole (transformers' GptOss TP plan leaves
+ * the experts out), and vLLM's layout places them as its gpt-oss loader
+ * does (lib/layout/layout_mxfp4.c). */
 #include "internal.h"
 
 #include <math.h>
@@ -100,8 +101,8 @@ static tps_err mxfp4_bind(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
     int any = 0;
     for (size_t i = 0; i < ck->n && !any; i++) {
         size_t stem;
-        any = has_suffix(ck->t[i].name, "_blocks", &stem) ||
-              has_suffix(ck->t[i].name, "_scales", &stem);
+        any = has_suffix(ck->t[i].name, TPS_MXFP4_BLOCKS, &stem) ||
+              has_suffix(ck->t[i].name, TPS_MXFP4_SCALES, &stem);
     }
     if (!any) return TPS_OK; /* nothing quantized: the plain tensors say the rest */
     TPS_TRY(count(ctx, ck, "hidden_size", NULL, &H));
@@ -115,8 +116,8 @@ static tps_err mxfp4_bind(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
     for (size_t i = 0; i < ck->n; i++) {
         const tps_ctensor *t = &ck->t[i];
         size_t stem;
-        int blocks = has_suffix(t->name, "_blocks", &stem);
-        if (!blocks && !has_suffix(t->name, "_scales", &stem)) continue;
+        int blocks = has_suffix(t->name, TPS_MXFP4_BLOCKS, &stem);
+        if (!blocks && !has_suffix(t->name, TPS_MXFP4_SCALES, &stem)) continue;
         const char *dot = memrchr(t->name, '.', stem);
         const char *leaf = dot ? dot + 1 : t->name;
         size_t ll = stem - (size_t)(leaf - t->name);
@@ -127,7 +128,8 @@ static tps_err mxfp4_bind(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q)
                             "%s: tensor '%s': quant_method mxfp4 stores gpt-oss's experts "
                             "gate_up_proj and down_proj; '%.*s' is not one of them",
                             ck->path, t->name, (int)ll, leaf);
-        char *pn = tps_asprintf("%.*s%s", (int)stem, t->name, blocks ? "_scales" : "_blocks");
+        char *pn = tps_asprintf("%.*s%s", (int)stem, t->name,
+                                blocks ? TPS_MXFP4_SCALES : TPS_MXFP4_BLOCKS);
         if (!pn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
         int k = tps_ckpt_find(ck, pn);
         if (k < 0) {

@@ -165,28 +165,248 @@ for case, ec, et, words in BAD:
            f"bad MXFP4 checkpoint ({case}): exit 1 naming {', '.join(words)}, nothing written",
            f"rc {rc}; missing {missing}\n{se}")
 
-# ------------------------------------------------------------------ the serving layouts
+# ------------------------------------------------------------------ the vLLM layout
 
+# vLLM holds num_key_value_heads / tp KV heads a rank: 4 KV heads for tp 4. intermediate_size
+# 160 is 5 MX blocks: the cdiv(5, tp) * 32 cut is uneven (tp 2: 96 + 64 rows; tp 4: 64, 64,
+# 32 and none), and every backend's round-up leaves zero tails.
+VMODELS = {
+    "mxfp4-v": go.checkpoint(os.path.join(TMP, "mxfp4-v"), "mxfp4", heads=8, kv_heads=4,
+                             inter=160, seed=11),
+    "mxfp4-v-parts3": go.checkpoint(os.path.join(TMP, "mxfp4-v-parts3"), "mxfp4", heads=8,
+                                    kv_heads=4, inter=160, seed=12, parts=3),
+    # hidden 256: Marlin's and TRT-LLM's x256, CUTLASS's x128 leave it as is
+    "mxfp4-h256": go.checkpoint(os.path.join(TMP, "mxfp4-h256"), "mxfp4", hidden=256, heads=8,
+                                kv_heads=4, inter=96, seed=13),
+}
+VCASES = [("mxfp4-v", b, tp) for b in ("triton", "cpu") for tp in (1, 2, 4)]
+VCASES += [("mxfp4-v-parts3", "triton", 2), ("mxfp4-v", "emulation", 2),
+           ("mxfp4-v", "triton_unfused", 4), ("mxfp4-h256", "marlin", 2),
+           ("mxfp4-h256", "flashinfer_cutlass", 4)]
+
+
+def vsplit(name, backend, tp, *extra):
+    out = os.path.join(TMP, f"v-{name}-{backend}-tp{tp}")
+    args = ["split", VMODELS[name], "--tp", tp, "--layout", "vllm", "-o", out, "-q"]
+    if backend != "triton":  # triton: the default, given by leaving the option out
+        args += ["--moe-backend", backend]
+    return out, tps(*args, *extra)
+
+
+for name, backend, tp in VCASES:
+    model = VMODELS[name]
+    src = source_tensors(model)
+    with open(os.path.join(model, "config.json")) as f:
+        cfg = json.load(f)
+    label = f"{name} --layout vllm --moe-backend {backend} tp {tp}"
+    out, (rc, so, se) = vsplit(name, backend, tp)
+    if rc:
+        report(False, f"{label}: split", se)
+        continue
+    want = go.vllm_ranks(cfg, src, tp, backend)
+    probs = ranktest.rank_file_problems(out, model, want, tp, engine=True)
+    report(not probs, f"{label}: every rank file is vLLM 0.33's state (gptoss_oracle.vllm_ranks)",
+           "\n".join(probs))
+    with open(os.path.join(out, "tpshard.json")) as f:
+        mb = json.load(f)["layout"].get("moe_backend")
+    report(mb == backend, f"{label}: the manifest records the MoE backend", f"moe_backend {mb}")
+    rc, so, se = tps("check", out)
+    report(rc == 0, f"{label}: check passes", se)
+    m = out + "-merged"
+    rc, so, se = tps("merge", out, "-o", m)
+    got = source_tensors(m) if rc == 0 else {}
+    diff = ranktest.compare(src, got, "merged")
+    same_files = rc == 0 and all(
+        open(os.path.join(m, f), "rb").read() == open(os.path.join(model, f), "rb").read()
+        for f in ranktest.source_files(model))
+    report(rc == 0 and not diff and same_files,
+           f"{label}: merge gives the source back byte for byte (zero tails and the rank-0 "
+           "w2_bias are layout, not data)",
+           se + "\n".join(diff) + ("" if same_files else "\nthe merged files differ"))
+    if tp > 1:
+        rc, so, se = tps("verify", out, "--source", model)
+        report(rc == 0 and "verify: PASS" in so, f"{label}: verify --source passes",
+               so[-800:] + se)
+
+# Flipped bytes in the cpu backend's tp 4 output: a real byte of an expert (rank 1's
+# w13_weight), a scale, and a byte of a zero tail (rank 2's w13_weight ends in one) and of
+# rank 1's zero w2_bias: check and verify fail, naming the tensor.
+out = os.path.join(TMP, "v-mxfp4-v-cpu-tp4")
+X = "model.layers.1.mlp.experts."
+FLIPS = [(1, X + "routed_experts.w13_weight", X + "gate_up_proj_blocks", "mid"),
+         (1, X + "routed_experts.w2_weight_scale", X + "down_proj_scales", "first"),
+         (2, X + "routed_experts.w13_weight", "zero padding", "last"),
+         (1, X + "routed_experts.w2_bias", "zero padding", "mid")]
+for k, (r, victim, named, where) in enumerate(FLIPS):
+    bad = f"{out}-flip{k}"
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(out, bad)
+    path = glob.glob(os.path.join(bad, f"model-rank-{r}-part-*.safetensors"))[0]
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    n = int.from_bytes(raw[:8], "little")
+    b, e = json.loads(raw[8:8 + n])[victim]["data_offsets"]
+    raw[8 + n + {"mid": (b + e) // 2, "first": b, "last": e - 1}[where]] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(raw)
+    rc, so, se = tps("check", bad)
+    report(rc == 1 and victim in so + se and named in so + se,
+           f"vllm tp 4: a flipped byte in rank {r}'s {victim.split('.')[-1]} ({where}): check "
+           f"fails naming {named}", so + se)
+    rc, so, se = tps("verify", bad, "--source", VMODELS["mxfp4-v"])
+    report(rc == 1 and "verify: FAIL" in so, f"vllm tp 4: the same flipped byte: verify fails",
+           (so + se)[-1500:])
+
+# The MoE backend decides the experts' shapes: a manifest whose moe_backend says another one
+# (cpu's x32 round-up is 96 at tp 2, triton's x64 128) no longer verifies.
+out = os.path.join(TMP, "v-mxfp4-v-cpu-tp2")
+bad = out + "-other-backend"
+shutil.rmtree(bad, ignore_errors=True)
+shutil.copytree(out, bad)
+with open(os.path.join(bad, "tpshard.json")) as f:
+    man = json.load(f)
+man["layout"]["moe_backend"] = "triton"
+with open(os.path.join(bad, "tpshard.json"), "w") as f:
+    json.dump(man, f)
+rc, so, se = tps("verify", bad, "--source", VMODELS["mxfp4-v"])
+report(rc == 1 and "verify: FAIL" in so and "routed_experts.w13_weight" in so,
+       "vllm: a manifest naming another MoE backend than the split's: verify fails naming the "
+       "experts", (so + se)[-1500:])
+man["layout"]["moe_backend"] = "tensorrt"
+with open(os.path.join(bad, "tpshard.json"), "w") as f:
+    json.dump(man, f)
+rc, so, se = tps("check", bad)
+report(rc == 1 and "moe_backend" in se, "vllm: a manifest naming an unknown MoE backend: check "
+       "fails naming layout.moe_backend", se)
+
+# A --ranks run joins a split of the same MoE backend only.
+out = os.path.join(TMP, "v-ranks")
+rc1, _, se1 = tps("split", VMODELS["mxfp4-v"], "--tp", 2, "--layout", "vllm", "--moe-backend",
+                  "cpu", "--ranks", "0", "-o", out, "-q")
+rc2, _, se2 = tps("split", VMODELS["mxfp4-v"], "--tp", 2, "--layout", "vllm", "--ranks", "1",
+                  "-o", out, "-q")
+left = sorted(os.path.basename(x) for x in glob.glob(os.path.join(out, "*.safetensors")))
+report(rc1 == 0 and rc2 == 1 and left == ["model-rank-0-part-0.safetensors"],
+       "vllm --ranks: a run of another --moe-backend does not join the directory's split",
+       f"rc {rc1}, {rc2}; left {left}\n{se1}{se2}")
+rc3, _, se3 = tps("split", VMODELS["mxfp4-v"], "--tp", 2, "--layout", "vllm", "--moe-backend",
+                  "cpu", "--ranks", "1", "-o", out, "-q")
+rc, so, se = tps("check", out)
+report(rc3 == 0 and rc == 0, "vllm --ranks: a run of the same --moe-backend joins, and check "
+       "passes", se3 + se)
+
+# Backends that pad the hidden size (2880 of the published models, 64 here) are refused,
+# naming the backend, the sizes and the backends that keep it; nothing written.
+for b in ("marlin", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deep_gemm",
+          "deepgemm"):
+    ha = go.ROUND_UP[b][0]
+    out = os.path.join(TMP, f"v-pad-{b}")
+    rc, so, se = tps("split", MODELS["mxfp4"], "--tp", 2, "--layout", "vllm", "--moe-backend", b,
+                     "-o", out)
+    probs = ranktest.refusal_problems(rc, se, out, f"--moe-backend {b}", "hidden size padded")
+    for w in (f"hidden_size 64 up to {ha}", "triton, triton_unfused, cpu, emulation"):
+        if w not in se:
+            probs.append(f"the reason does not say '{w}'")
+    report(not probs, f"--layout vllm --moe-backend {b}: refused (it pads hidden_size 64 to {ha}), "
+           "naming the backends that work, nothing written", "\n".join(probs) + "\n" + se)
+
+# BF16 experts: vLLM holds each expert's slice transposed, which rank tensors cannot hold yet.
+out = os.path.join(TMP, "bf16-vllm")
+rc, so, se = tps("split", MODELS["bf16"], "--tp", 2, "--layout", "vllm", "-o", out)
+probs = ranktest.refusal_problems(rc, se, out, "model.layers.0.mlp.experts.gate_up_proj",
+                                  "BF16 experts transposed")
+for w in ("transposed", "gpt-oss's BF16 experts", "MXFP4", "--layout dtensor"):
+    if w not in se:
+        probs.append(f"the reason does not say '{w}'")
+report(not probs, "bf16 --layout vllm: refused (vLLM transposes BF16 experts) naming the tensor, "
+       "nothing written", "\n".join(probs) + "\n" + se)
+
+# SGLang 0.5.23 keeps refusing gpt-oss, saying why.
 for quant in ("bf16", "mxfp4"):
-    for layout, word in (("vllm", "vLLM 0.33"), ("sglang", "SGLang 0.5.23")):
-        out = os.path.join(TMP, f"{quant}-{layout}")
-        rc, so, se = tps("split", MODELS[quant], "--tp", 2, "--layout", layout, "-o", out)
-        probs = ranktest.refusal_problems(rc, se, out, "gpt-oss", f"{word} gpt-oss refused")
-        if word not in se:
-            probs.append(f"the reason does not name {word}")
-        report(not probs, f"{quant} --layout {layout}: refused saying why, nothing written",
-               "\n".join(probs) + "\n" + se)
+    out = os.path.join(TMP, f"{quant}-sglang")
+    rc, so, se = tps("split", MODELS[quant], "--tp", 2, "--layout", "sglang", "-o", out)
+    probs = ranktest.refusal_problems(rc, se, out, "gpt-oss", "SGLang 0.5.23 gpt-oss refused")
+    if "SGLang 0.5.23" not in se:
+        probs.append("the reason does not name SGLang 0.5.23")
+    report(not probs, f"{quant} --layout sglang: refused saying why, nothing written",
+           "\n".join(probs) + "\n" + se)
 
-# vLLM's own divisibility rules come before the refusal, so the error names the field at fault.
+
+def vvariant(name, edit_tensors=None, **dims):
+    d = os.path.join(TMP, "vbad-" + name)
+    cfg = go.config_of("mxfp4", heads=8, kv_heads=4, inter=160, **dims)
+    t = go.tensors_of(cfg, "mxfp4", seed=7)
+    if edit_tensors:
+        edit_tensors(t)
+    go.gen.write_checkpoint(d, t, 0)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f)
+    return d
+
+
+def add(name, value):
+    return lambda t: t.update({name: value})
+
+
+def widen(name):
+    """BF16 -> F32, exactly (the same values)."""
+    def f(t):
+        _, shape, data = t[name]
+        out = bytearray()
+        for k in range(0, len(data), 2):
+            out += b"\0\0" + data[k:k + 2]
+        t[name] = ("F32", shape, bytes(out))
+    return f
+
+
+E0 = "model.layers.0.mlp.experts."
+VBAD = [
+    # (case, tensors edit, split args, words the error must hold)
+    ("a w2 bias of the wrong shape",
+     add(E0 + "down_proj_bias", ("BF16", [4, 32], bytes(256))), [],
+     [E0 + "down_proj_bias", "[4, 64]", "[4, 32]"]),
+    ("a w13 bias missing", drop(E0 + "gate_up_proj_bias"), [], [E0 + "gate_up_proj_bias"]),
+    ("an expert bias in F32", widen(E0 + "down_proj_bias"), [],
+     [E0 + "down_proj_bias", "BF16", "torch_dtype"]),
+    ("a tensor under the experts no stack holds",
+     add(E0 + "gate_proj_bias", ("BF16", [4, 8], bytes(64))), [],
+     [E0 + "gate_proj_bias", "none of its stacks holds it"]),
+    ("MXFP4 blocks of a projection gpt-oss has not",
+     add(E0 + "gate_proj_blocks", ("U8", [4, 8], bytes(32))), [],
+     [E0 + "gate_proj_blocks", "not one of them"]),
+    ("--ep", None, ["--ep"], ["--ep", "MXFP4"]),
+]
+for case, et, extra, words in VBAD:
+    model = vvariant(case.replace(" ", "-"), et)
+    out = os.path.join(TMP, "vout-bad-" + case.replace(" ", "-"))
+    rc, so, se = tps("split", model, "--tp", 2, "--layout", "vllm", "-o", out, *extra)
+    probs = ranktest.refusal_problems(rc, se, out, words[0], case)
+    probs += [f"the error does not say '{w}'" for w in words[1:] if w not in se]
+    report(not probs, f"--layout vllm, {case}: exit 1 naming {', '.join(words)}, nothing written",
+           "\n".join(probs) + "\n" + se)
+
+# vLLM's own divisibility rules come before anything else, so the error names the field at fault.
 odd = go.checkpoint(os.path.join(TMP, "heads6"), "mxfp4", heads=6, kv_heads=6, inter=64)
-for tp, field, why in ((4, "num_attention_heads", "sinks"), (3, "intermediate_size", "MLPBlock")):
-    out = os.path.join(TMP, f"heads6-vllm-tp{tp}")
-    rc, so, se = tps("split", odd, "--tp", tp, "--layout", "vllm", "-o", out)
+for model, tp, field, why in ((odd, 4, "num_attention_heads", "sinks"),
+                              (odd, 3, "intermediate_size", "MLPBlock"),
+                              (MODELS["mxfp4"], 4, "num_key_value_heads", "replicates none")):
+    out = os.path.join(TMP, f"div-vllm-tp{tp}-{field}")
+    rc, so, se = tps("split", model, "--tp", tp, "--layout", "vllm", "-o", out)
     probs = ranktest.refusal_problems(rc, se, out, field, f"{field} % tp (vLLM's {why})")
     if why not in se:
         probs.append(f"the reason does not say {why}")
     report(not probs, f"--layout vllm tp {tp}, {field} not divisible: refused naming it ({why})",
            "\n".join(probs) + "\n" + se)
+rc, so, se = tps("plan", VMODELS["mxfp4-v"], "--tp", 2, "--layout", "vllm")
+line = next((x for x in so.splitlines() if x.startswith("tp values that work")), "")
+report(rc == 0 and line.endswith(": 1, 2, 4"),
+       "plan --layout vllm: the tp values that work are those of heads, KV heads and "
+       "intermediate_size together (1, 2, 4)", line or so[-600:] + se)
+rc, so, se = tps("plan", VMODELS["mxfp4-v"], "--tp", 2, "--layout", "vllm", "--moe-backend",
+                 "marlin")
+line = next((x for x in so.splitlines() if x.startswith("tp values that work")), "")
+report(rc == 1 and line.endswith(": none") and "--moe-backend marlin rounds" in so,
+       "plan --layout vllm --moe-backend marlin: no tp works, and it says why", so[-900:] + se)
 
 # ------------------------------------------------------------------ --moe-backend
 
