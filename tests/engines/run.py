@@ -110,12 +110,13 @@ CASES = [
     # pp 2 parts KV-shared layers from the layers whose cache they read, which vLLM refuses
     # on the later stage only (its first stage builds), and tpshard refuses whole
     (V, "gemma4-dense", "bf16", 2, 2), (V, "gemma4-dense", "bf16", 1, 3),
-    # gpt-oss: tpshard refuses both serving layouts (plans/layouts/vllm.yaml says why), so these
-    # fail as "refused" until it writes them; the oracle rows check gptoss_oracle.vllm_ranks,
-    # what test_gpt_oss.py and that future layout rely on, against vLLM itself
+    # gpt-oss: vLLM's layout writes the MXFP4 experts (split --moe-backend cpu, what vLLM's CPU
+    # platform runs) and refuses the BF16 ones (transposed: plans/layouts/vllm.yaml says why),
+    # which therefore fail as "refused"; SGLang refuses both. The oracle rows check
+    # gptoss_oracle.vllm_ranks, what test_gpt_oss.py relies on, against vLLM itself
     (V, "gpt_oss", "bf16", 1, 1), (V, "gpt_oss", "bf16", 2, 1), (V, "gpt_oss", "bf16", 4, 1),
     (V, "gpt_oss-mxfp4", "mxfp4", 1, 1), (V, "gpt_oss-mxfp4", "mxfp4", 2, 1),
-    (V, "gpt_oss-mxfp4", "mxfp4", 4, 1),
+    (V, "gpt_oss-mxfp4", "mxfp4", 4, 1), (V, "gpt_oss-mxfp4", "mxfp4", 2, 2),
     (S, "gpt_oss", "bf16", 2, 1), (S, "gpt_oss-mxfp4", "mxfp4", 2, 1),
 ]
 
@@ -126,6 +127,11 @@ sys.path.insert(0, os.path.join(TOP, "tests", "py"))
 import gptoss_oracle  # noqa: E402
 ORACLES = {V: {"gpt_oss": lambda c, t, tp: gptoss_oracle.vllm_ranks(c, t, tp),
                "gpt_oss-mxfp4": lambda c, t, tp: gptoss_oracle.vllm_ranks(c, t, tp, "cpu")}}
+
+
+# tpshard split options a case needs to describe the engine's run: vLLM's CPU platform runs
+# MXFP4 experts on its cpu backend (round-up x32), which tpshard must be told.
+SPLIT_ARGS = {(V, "gpt_oss-mxfp4"): ["--moe-backend", "cpu"]}
 
 
 def case_name(engine, model, tp, pp):
@@ -238,7 +244,8 @@ def run_case(c, log):
     shutil.copytree(mdir, os.path.join(exp, "model"))
     ppargs = ["--pp", str(pp)] if pp > 1 else []
     saved, rc = engine(eng, ["save", mdir, exp, "--tp", str(tp)] + ppargs, log)
-    cmd = [TPSHARD, "split", mdir, "--tp", str(tp)] + ppargs + ["--layout", eng, "-o", tps, "-q"]
+    cmd = ([TPSHARD, "split", mdir, "--tp", str(tp)] + ppargs + ["--layout", eng, "-o", tps, "-q"]
+           + SPLIT_ARGS.get((eng, model), []))
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     with open(log, "a") as lf:
         lf.write(f"\n$ {' '.join(cmd)}\nrc={p.returncode}\n{p.stdout}{p.stderr}")
