@@ -427,7 +427,12 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
     uint64_t Er = L->ep ? E / tp : E, Ir = L->ep ? I : I / tp;
     for (size_t si = 0; si < x->nstacks; si++) {
         const tps_lstack *st = &x->stacks[si];
-        if (st->transposed || st->bias_part) {
+        if (st->bias_part && !st->transposed) {
+            refuse(C, "layout %s: stack '%s' of the experts of '%s' has a bias, which it writes "
+                      "for MXFP4 experts only", lname, st->name, module);
+            return TPS_OK;
+        }
+        if (st->transposed) {
             /* vLLM 0.33 _load_unquantized_expert: loaded_weight.t() of each
              * expert's rank slice */
             char *sn = tps_asprintf("%s.%s", module, st->parts[0]);

@@ -10,8 +10,20 @@ which shares no code with tpshard:
     blocks of another dtype, quant_method mxfp4 on another family, a hidden
     size off the MXFP4 block: exit 1 naming the tensor or the field, nothing
     written;
-  - the serving layouts refuse gpt-oss saying why, writing nothing, vLLM's
-    head and intermediate divisibility rules first;
+  - the vLLM layout of MXFP4 checkpoints at tp 1, 2, 4 (default triton and
+    cpu; emulation, triton_unfused; marlin and flashinfer_cutlass where the
+    hidden size is already their multiple; an index of parts): every rank file
+    exactly gptoss_oracle.vllm_ranks (uneven cdiv(I/32, tp)*32 cuts, zero
+    tails, w2_bias on rank 0), the manifest naming the backend; check, merge
+    byte for byte, verify --source; flipped bytes (real, scale, zero tail)
+    caught by check and verify; a manifest naming another backend fails
+    verify; --ranks runs of two backends do not join; the layout file given as
+    a file writes the same, and its new stack fields are checked;
+  - refusals, exit 1 and nothing written: backends that pad the hidden size
+    (naming those that keep it), BF16 experts (vLLM transposes them), biases
+    of the wrong shape or dtype or missing, a stray tensor under the experts,
+    --ep, vLLM's head, KV head and intermediate divisibility rules; SGLang
+    refuses gpt-oss saying why;
   - --moe-backend: every vLLM backend name with the round-up the oracle's
     table gives (plan's quantization line), an unknown name a usage error
     (exit 2), a note where the option is ignored.
@@ -384,6 +396,41 @@ for case, et, extra, words in VBAD:
     probs += [f"the error does not say '{w}'" for w in words[1:] if w not in se]
     report(not probs, f"--layout vllm, {case}: exit 1 naming {', '.join(words)}, nothing written",
            "\n".join(probs) + "\n" + se)
+
+# The layout is data: the built-in vllm.yaml given as a file writes the same rank files; the
+# experts entry's new stack fields are checked where the file says them.
+own = os.path.join(TMP, "my-vllm.yaml")
+shutil.copy(os.path.join(os.environ.get("TOP", "."), "plans", "layouts", "vllm.yaml"), own)
+out = os.path.join(TMP, "v-own-layout")
+rc, so, se = tps("split", VMODELS["mxfp4-v"], "--tp", 4, "--layout", own, "-o", out, "-q")
+with open(os.path.join(VMODELS["mxfp4-v"], "config.json")) as f:
+    want = go.vllm_ranks(json.load(f), source_tensors(VMODELS["mxfp4-v"]), 4)
+probs = ["split: " + se] if rc else ranktest.rank_file_problems(out, VMODELS["mxfp4-v"], want, 4)
+report(not probs, "--layout FILE (vllm.yaml copied): the same rank files as the built-in layout",
+       "\n".join(probs))
+STACK_BAD = [
+    ("{name: w2_weight, parts: [down_proj], split: columns, interleaved: true}",
+     "an interleaved stack is split by rows"),
+    ("{name: w13_weight, parts: [gate_up_proj], split: rows, bias: {part: b, as: w13_bias, "
+     "ranks: first}}", "'ranks: first' is for the bias of a stack split by columns"),
+    ("{name: w2_weight, parts: [down_proj], split: columns, bias: {part: b, ranks: first}}",
+     "a stack's 'bias' needs 'part' and 'as'"),
+    ("{name: w2_weight, parts: [down_proj], split: columns, bias: {part: b, as: c, ranks: some}}",
+     "a bias's 'ranks' is all or first"),
+    ("{name: w2_weight, parts: [down_proj], split: columns, scale: a.b}", "must be one module name"),
+]
+for k, (stack, why) in enumerate(STACK_BAD + [
+        ("{name: w2_weight, parts: [down_proj], split: columns, transposed: true}",
+         "a stack's 'transposed' is for a stacked experts entry's one-part stack")]):
+    stacked = "    stacked: true\n" if k < len(STACK_BAD) else ""
+    path = os.path.join(TMP, f"bad-stack{k}.yaml")
+    with open(path, "w") as f:
+        f.write("name: t\ntarget: x\nexperts:\n  - match: model.layers.*.mlp.experts\n"
+                f"    count: num_local_experts\n{stacked}    stacks:\n      - {stack}\n")
+    rc, so, se = tps("plan", MODELS["mxfp4"], "--tp", 2, "--layout", path)
+    line = f"bad-stack{k}.yaml:{8 if stacked else 7}"
+    report(rc == 1 and why in se and line in se,
+           f"a layout file's stack, {why}: an error naming the file and line", f"rc {rc}\n{se}")
 
 # vLLM's own divisibility rules come before anything else, so the error names the field at fault.
 odd = go.checkpoint(os.path.join(TMP, "heads6"), "mxfp4", heads=6, kv_heads=6, inter=64)
