@@ -450,6 +450,9 @@ struct tps_ckpt {
     const cJSON *dropped;
 };
 
+/* A sharded directory's rank file f: its tensor of that name, or NULL. */
+const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name);
+
 /* Is name a source tensor the split's layout left out (the manifest's dropped[])? */
 int tps_ckpt_dropped(const tps_ckpt *ck, const char *name);
 

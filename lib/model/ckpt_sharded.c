@@ -47,7 +47,7 @@ static tps_err index_by_name(tps_ctx *ctx, tps_cfile *f)
     return TPS_OK;
 }
 
-static const tps_st_tensor_info *find_in_file(const tps_cfile *f, const char *name)
+const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name)
 {
     size_t lo = 0, hi = f->st->n;
     while (lo < hi) {
@@ -669,7 +669,7 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                 "%s: tensor '%s': rank %d's file %s is not among the rank files", mpath,
                 t->name, rank, fn->valuestring);
     const tps_st *st = ck->files[fi].st;
-    const tps_st_tensor_info *si = find_in_file(&ck->files[fi], holder);
+    const tps_st_tensor_info *si = tps_cfile_find(&ck->files[fi], holder);
     TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
                 ck->files[fi].path, holder);
     seen[fi][si - st->t] = 1;
@@ -946,7 +946,7 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
     TPS_FAIL_IF(fi == ck->nfiles, ctx, TPS_E_MISMATCH,
                 "%s: rank tensor '%s': rank %d's file %s is not among the rank files", mpath,
                 rt->name, rt->rank, fn->valuestring);
-    const tps_st_tensor_info *si = find_in_file(&ck->files[fi], rt->name);
+    const tps_st_tensor_info *si = tps_cfile_find(&ck->files[fi], rt->name);
     TPS_FAIL_IF(!si, ctx, TPS_E_MISMATCH, "%s: tensor '%s' is missing from this file",
                 ck->files[fi].path, rt->name);
     seen[fi][si - ck->files[fi].st->t] = 1;

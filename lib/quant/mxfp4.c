@@ -190,6 +190,18 @@ const tps_moe_backend *tps_moe_backend_list(size_t *n)
     return backends;
 }
 
+/* One weight: e2m1(code) x scale, the scale an E8M0 exponent as f32
+ * (2^(e - 127)). e2m1 (OCP MX): a sign bit, then +/- {0, 0.5, 1, 1.5, 2, 3,
+ * 4, 6}; codes two to a byte, low nibble first. */
+static float mxfp4_dequant(const tps_quant *q, unsigned code, double zero, float scale,
+                           float global)
+{
+    (void)q, (void)zero, (void)global;
+    static const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+    float v = e2m1[code & 7u] * scale;
+    return code & 8u ? -v : v;
+}
+
 const tps_qmethod tps_qm_mxfp4 = {
     .name = "mxfp4",
     .what = "gpt-oss's MXFP4 experts (U8 blocks of 32 e2m1 codes, E8M0 scales)",
@@ -198,4 +210,5 @@ const tps_qmethod tps_qm_mxfp4 = {
     .parts = NULL,
     .nparts = 0,
     .bind = mxfp4_bind,
+    .dequant = mxfp4_dequant,
 };

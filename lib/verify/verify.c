@@ -33,6 +33,7 @@
  * The parts: verify_analysis.c (what each tensor must hold, how it is
  * read), verify_packed.c (a serving layout's packed tensors),
  * verify_dequant.c (packed methods' codes, dequantized on both sides),
+ * verify_mxfp4.c (gpt-oss's MXFP4 experts as the engine's tensors hold them),
  * verify_job.c and verify_scales.c (the products of a tensor),
  * verify_task.c (the task runner), verify_finalize.c (a tensor's end,
  * its report rows), verify_report.c (the report). This file: the driver,
@@ -468,6 +469,7 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
                 V->nu - V->next_final);
     TPS_CHECK(check_rest(V));
     TPS_CHECK(tps_vd_check(V));
+    TPS_CHECK(tps_vm_check(V));
     TPS_CHECK(check_stages(V));
     if (V->src && !R->ok) TPS_CHECK(blame_source(V));
     if (V->gpu) {

@@ -201,6 +201,9 @@ int tps_vp_is_packed(const vctx *V, size_t i);
 tps_err tps_vp_check(vctx *V, size_t i);
 /* verify_dequant.c: packed methods' pieces dequantized against the source's */
 tps_err tps_vd_check(vctx *V);
+/* verify_mxfp4.c: gpt-oss's MXFP4 experts as each rank's engine tensors hold
+ * them, dequantized against the source's */
+tps_err tps_vm_check(vctx *V);
 int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, double err,
                    double tol, uint64_t wrong, uint64_t total, int ok, char *note);
 void tps_va_set_err(vctx *V, tps_err rc);

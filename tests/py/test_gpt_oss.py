@@ -32,6 +32,7 @@ Run with build/venv/bin/python; env TPSHARD, TOP, TPS_TMP.
 import glob
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -239,17 +240,20 @@ for name, backend, tp in VCASES:
         rc, so, se = tps("verify", out, "--source", model)
         report(rc == 0 and "verify: PASS" in so, f"{label}: verify --source passes",
                so[-800:] + se)
+        report(re.search(r"^dequant +4 passed, 0 failed", so, re.M) is not None,
+               f"{label}: verify dequantizes every layer's gate_up and down experts on both sides",
+               so[-800:])
 
 # Flipped bytes in the cpu backend's tp 4 output: a real byte of an expert (rank 1's
 # w13_weight), a scale, and a byte of a zero tail (rank 2's w13_weight ends in one) and of
 # rank 1's zero w2_bias: check and verify fail, naming the tensor.
 out = os.path.join(TMP, "v-mxfp4-v-cpu-tp4")
 X = "model.layers.1.mlp.experts."
-FLIPS = [(1, X + "routed_experts.w13_weight", X + "gate_up_proj_blocks", "mid"),
-         (1, X + "routed_experts.w2_weight_scale", X + "down_proj_scales", "first"),
-         (2, X + "routed_experts.w13_weight", "zero padding", "last"),
-         (1, X + "routed_experts.w2_bias", "zero padding", "mid")]
-for k, (r, victim, named, where) in enumerate(FLIPS):
+FLIPS = [(1, X + "routed_experts.w13_weight", X + "gate_up_proj_blocks", "mid", "gate_up"),
+         (1, X + "routed_experts.w2_weight_scale", X + "down_proj_scales", "first", "down"),
+         (2, X + "routed_experts.w13_weight", "zero padding", "last", "gate_up"),
+         (1, X + "routed_experts.w2_bias", "zero padding", "mid", "down")]
+for k, (r, victim, named, where, proj) in enumerate(FLIPS):
     bad = f"{out}-flip{k}"
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(out, bad)
@@ -265,8 +269,10 @@ for k, (r, victim, named, where) in enumerate(FLIPS):
     report(rc == 1 and victim in so + se and named in so + se,
            f"vllm tp 4: a flipped byte in rank {r}'s {victim.split('.')[-1]} ({where}): check "
            f"fails naming {named}", so + se)
-    rc, so, se = tps("verify", bad, "--source", VMODELS["mxfp4-v"])
-    report(rc == 1 and "verify: FAIL" in so, f"vllm tp 4: the same flipped byte: verify fails",
+    rc, so, se = tps("verify", bad, "--source", VMODELS["mxfp4-v"], "-v")
+    deq = re.search(rf"^{re.escape(X + proj)}_proj_blocks +dequant .* FAIL$", so + se, re.M)
+    report(rc == 1 and "verify: FAIL" in so and deq is not None,
+           f"vllm tp 4: the same flipped byte: verify fails, its {proj} experts' products too",
            (so + se)[-1500:])
 
 # The MoE backend decides the experts' shapes: a manifest whose moe_backend says another one
