@@ -244,6 +244,28 @@ for name, backend, tp in VCASES:
                f"{label}: verify dequantizes every layer's gate_up and down experts on both sides",
                so[-800:])
 
+# Pipeline stages (--pp 2 at tp 2): GptOssModel builds its embedding and norm, and
+# GptOssForCausalLM its head, on every stage; each stage holds its layer (vLLM's partition of
+# two layers: one each), as vllm_ranks says for it.
+out = os.path.join(TMP, "v-pp2")
+rc, so, se = tps("split", VMODELS["mxfp4-v"], "--tp", 2, "--pp", 2, "--layout", "vllm", "-o", out,
+                 "-q")
+with open(os.path.join(VMODELS["mxfp4-v"], "config.json")) as f:
+    want = go.vllm_ranks(json.load(f), source_tensors(VMODELS["mxfp4-v"]), 2)
+probs = [] if rc == 0 else ["split: " + se]
+for st in range(2 if rc == 0 else 0):
+    for r in range(2):
+        got = {}
+        for path in glob.glob(os.path.join(out, f"model-pp-{st}-tp-{r}-part-*.safetensors")):
+            with open(path, "rb") as f:
+                for n, i in safetensors.deserialize(f.read()):
+                    got[n] = (i["dtype"], list(i["shape"]), bytes(i["data"]))
+        mine = {k: v for k, v in want[r].items()
+                if not k.startswith("model.layers.") or k.split(".")[2] == str(st)}
+        probs += ranktest.compare(mine, got, f"stage {st} rank {r}")
+report(not probs, "--layout vllm --tp 2 --pp 2: every stage holds its layer and the embedding, "
+       "norm and head (vllm_ranks per stage)", "\n".join(probs))
+
 # Flipped bytes in the cpu backend's tp 4 output: a real byte of an expert (rank 1's
 # w13_weight), a scale, and a byte of a zero tail (rank 2's w13_weight ends in one) and of
 # rank 1's zero w2_bias: check and verify fail, naming the tensor.
