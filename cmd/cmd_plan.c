@@ -475,9 +475,10 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
     }
     int ok[64], nok = 0;
     if (tps_layout_pp(L) == 1 &&
-        !tps_layout_working_tps(ctx, ck, plan, tps_layout_spec_of(L), tps_layout_ep(L), 1, NULL,
-                                ok, &nok)) {
-        printf("\ntp values that work (every rule of this checkpoint together, up to 64): ");
+        !tps_layout_working_tps_padded(ctx, ck, plan, tps_layout_spec_of(L), tps_layout_ep(L), 1,
+                                       NULL, g_pad, ok, &nok)) {
+        printf("\ntp values that work (every rule of this checkpoint together, up to 64%s): ",
+               g_pad ? ", with --pad-intermediate" : "");
         for (int i = 0; i < nok; i++) printf("%s%d", i ? ", " : "", ok[i]);
         printf("%s\n", nok ? "" : "none");
     }

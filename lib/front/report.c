@@ -449,7 +449,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     {
         int ok[64], nok = 0;
         jw_key(&w, "working_tp");
-        if (L->pp > 1 || tps_layout_working_tps(ctx, ck, L->plan, L->spec, L->ep, 1, NULL, ok, &nok)) {
+        if (L->pp > 1 || tps_layout_working_tps_padded(ctx, ck, L->plan, L->spec, L->ep, 1, NULL, L->pad_mode, ok, &nok)) {
             jw_null(&w);
         } else {
             jw_arr(&w);

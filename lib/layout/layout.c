@@ -702,6 +702,13 @@ tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
                                const tps_layout_spec *spec, int ep, int pp, const int *layers,
                                int *out, int *n)
 {
+    return tps_layout_working_tps_padded(ctx, ck, plan, spec, ep, pp, layers, 0, out, n);
+}
+
+tps_err tps_layout_working_tps_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                                      const tps_layout_spec *spec, int ep, int pp,
+                                      const int *layers, int pad, int *out, int *n)
+{
     *n = 0;
     /* every family splits its attention heads: only their divisors can work */
     int present;
@@ -709,7 +716,8 @@ tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
     for (int tp = 1; tp <= 64; tp++) {
         if (heads && heads % (uint64_t)tp) continue;
         tps_layout *L = NULL;
-        tps_err rc = tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, pp, layers, &L);
+        tps_err rc = pad ? tps_layout_new_padded(ctx, ck, plan, spec, tp, ep, pp, layers, 1, &L)
+                         : tps_layout_new_pp(ctx, ck, plan, spec, tp, ep, pp, layers, &L);
         if (rc == TPS_E_NOMEM) return rc;
         if (!rc && L && !L->rejected) out[(*n)++] = tp;
         tps_layout_free(L);
