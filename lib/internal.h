@@ -440,6 +440,11 @@ struct tps_ckpt {
     char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
     size_t nstr_chunks, str_left;
     char *str_next;
+    /* the kept strings, each once (a manifest names a rank tensor or source
+     * in every piece: 750k copies of 7k names at DeepSeek-V3's size):
+     * open addressing, cap a power of two */
+    const char **str_set;
+    size_t nstr_set, cap_str_set;
     char *config_text;  /* config.json as read, or NULL */
     char *config_out;   /* untie: the config.json a split writes instead of copying it */
     /* untie (made here, or read from a sharded dir's manifest): the head tensor written from
