@@ -474,10 +474,12 @@ int cli_print_plan(tps_ctx *ctx, const char *model, tps_ckpt *ck, tps_plan *plan
         printf("  %-7s %s: %s\n", c.ok == 1 ? "pass" : c.ok == 0 ? "FAIL" : "skipped", c.name, c.detail);
     }
     int ok[64], nok = 0;
-    tps_layout_opts wo = {.ep = tps_layout_ep(L), .pp = 1, .moe_backend = g_moe_backend};
+    tps_layout_opts wo = {.ep = tps_layout_ep(L), .pp = 1, .pad = g_pad,
+                          .moe_backend = g_moe_backend};
     if (tps_layout_pp(L) == 1 &&
         !tps_layout_working_tps_opts(ctx, ck, plan, tps_layout_spec_of(L), &wo, ok, &nok)) {
-        printf("\ntp values that work (every rule of this checkpoint together, up to 64): ");
+        printf("\ntp values that work (every rule of this checkpoint together, up to 64%s): ",
+               g_pad ? ", with --pad-intermediate" : "");
         for (int i = 0; i < nok; i++) printf("%s%d", i ? ", " : "", ok[i]);
         printf("%s\n", nok ? "" : "none");
     }

@@ -351,12 +351,15 @@ typedef struct {
  * (manifest rank_tensors): what each of its bytes is. */
 typedef enum { TPS_FILL_SOURCE = 0, TPS_FILL_ZEROS, TPS_FILL_VALUE } tps_fill_kind;
 typedef struct {
-    tps_fill_kind kind;
     uint64_t at, nbytes;
     uint64_t run, stride; /* 0, or its bytes are runs of `run`, `stride` apart from at on */
-    const char *source; /* SOURCE: the source tensor */
-    double value;       /* VALUE */
-} tps_fill;
+    union {
+        const char *source; /* SOURCE: the source tensor */
+        double value;       /* VALUE */
+    };
+    tps_fill_kind kind;
+} tps_fill; /* 48 bytes: one a piece of a serving layout's rank tensors (750k for a
+             * DeepSeek-V3-shaped split at tp 8) */
 typedef struct {
     const char *name;
     int rank;
@@ -441,6 +444,11 @@ struct tps_ckpt {
     char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
     size_t nstr_chunks, str_left;
     char *str_next;
+    /* the kept strings, each once (a manifest names a rank tensor or source
+     * in every piece: 750k copies of 7k names at DeepSeek-V3's size):
+     * open addressing, cap a power of two */
+    const char **str_set;
+    size_t nstr_set, cap_str_set;
     char *config_text;  /* config.json as read, or NULL */
     char *config_out;   /* untie: the config.json a split writes instead of copying it */
     /* untie (made here, or read from a sharded dir's manifest): the head tensor written from

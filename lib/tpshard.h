@@ -271,6 +271,10 @@ tps_err tps_layout_new_pp(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan
 tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_layout_spec *spec, int ep, int pp, const int *layers,
                                int *out, int *n);
+/* The same with split --pad-intermediate's padding (pad 1). */
+tps_err tps_layout_working_tps_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                                      const tps_layout_spec *spec, int ep, int pp,
+                                      const int *layers, int pad, int *out, int *n);
 /* tps_layout_new_pp, with split --pad-intermediate (pad 1): where the MLP's
  * intermediate size does not split at tp on whole groups and words, it is
  * zero-padded to the next size that does (tps_layout_padding says to what). */

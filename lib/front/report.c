@@ -449,7 +449,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
     {
         int ok[64], nok = 0;
         jw_key(&w, "working_tp");
-        tps_layout_opts wo = {.ep = L->ep, .pp = 1, .moe_backend = L->moe};
+        tps_layout_opts wo = {.ep = L->ep, .pp = 1, .pad = L->pad_mode, .moe_backend = L->moe};
         if (L->pp > 1 || tps_layout_working_tps_opts(ctx, ck, L->plan, L->spec, &wo, ok, &nok)) {
             jw_null(&w);
         } else {

@@ -726,7 +726,14 @@ tps_err tps_layout_working_tps(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
                                const tps_layout_spec *spec, int ep, int pp, const int *layers,
                                int *out, int *n)
 {
-    tps_layout_opts o = {.ep = ep, .pp = pp, .layers = layers};
+    return tps_layout_working_tps_padded(ctx, ck, plan, spec, ep, pp, layers, 0, out, n);
+}
+
+tps_err tps_layout_working_tps_padded(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
+                                      const tps_layout_spec *spec, int ep, int pp,
+                                      const int *layers, int pad, int *out, int *n)
+{
+    tps_layout_opts o = {.ep = ep, .pp = pp, .layers = layers, .pad = pad};
     return tps_layout_working_tps_opts(ctx, ck, plan, spec, &o, out, n);
 }
 
@@ -741,9 +748,7 @@ tps_err tps_layout_working_tps_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_
     for (int tp = 1; tp <= 64; tp++) {
         if (heads && heads % (uint64_t)tp) continue;
         tps_layout *L = NULL;
-        tps_layout_opts one = *o;
-        one.pad = 0; /* the tp values the checkpoint itself allows */
-        tps_err rc = tps_layout_new_opts(ctx, ck, plan, spec, tp, &one, &L);
+        tps_err rc = tps_layout_new_opts(ctx, ck, plan, spec, tp, o, &L);
         if (rc == TPS_E_NOMEM) return rc;
         if (!rc && L && !L->rejected) out[(*n)++] = tp;
         tps_layout_free(L);

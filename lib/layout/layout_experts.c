@@ -394,6 +394,62 @@ static tps_err module_all_used(cstate *C, const char *module)
  * experts whole. A rows stack of two halves (gate then up) puts each
  * expert's rank rows of both side by side: two pieces whose runs are an
  * expert apart (sdim 1). */
+/* tp splits n features into whole blocks of b a rank. */
+static int whole_blocks(uint64_t n, uint64_t b, int tp)
+{
+    return n % (uint64_t)tp == 0 && (n / (uint64_t)tp) % b == 0;
+}
+
+/* The block scales sc [E, rows / bn, cols / bk] of a stack held in one 3-D
+ * tensor, on every rank as its weight's pieces go: w13 each expert's rank
+ * block rows of each half side by side (runs an expert apart), w2 the rank's
+ * block columns, with --ep whole experts. Named as the stack with its
+ * trailing "weight" replaced by weight_scale_inv (w13_weight_scale_inv), as
+ * vLLM's FusedMoE creates them; F32. */
+static tps_err stacked_scales(cstate *C, const tps_lexperts *x, const char *module,
+                              const tps_lstack *st, size_t sc, uint64_t E, uint64_t I,
+                              uint64_t Er, uint64_t Ir)
+{
+    tps_layout *L = C->L;
+    const tps_quant *q = L->q;
+    const tps_ctensor *s = &C->ck->t[sc];
+    size_t sl = strlen(st->name);
+    if (sl >= 6 && !strcmp(st->name + sl - 6, "weight")) sl -= 6;
+    char *name = tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%.*sweight_scale_inv", module,
+                                                           x->into, (int)sl, st->name)
+                                            : tps_asprintf("%s.%.*sweight_scale_inv", module,
+                                                           (int)sl, st->name));
+    if (!name) return nomem(C);
+    uint64_t es = tps_dtype_bits(s->dtype) / 8, b = st->dim ? q->bk : q->bn;
+    uint64_t Ib = I / b, Irb = Ir / b; /* block rows (w13) or columns (w2) of one half */
+    (void)E;
+    for (int r = 0; r < C->tp; r++) {
+        uint64_t shape[3] = {Er, st->dim ? s->shape[1] : (uint64_t)st->halves * Irb,
+                             st->dim ? Irb : s->shape[2]};
+        tps_rtensor *rt;
+        TPS_TRY(tps_lc_new_rt(C, name, r, s->dtype, 3, shape, "expert scales", &rt));
+        if (L->ep) {
+            TPS_TRY(tps_lc_src_piece(C, rt, sc, 0, (uint64_t)r * Er, (uint64_t)(r + 1) * Er, 0));
+            continue;
+        }
+        if (st->dim) {
+            TPS_TRY(tps_lc_src_piece(C, rt, sc, 2, (uint64_t)r * Irb, (uint64_t)(r + 1) * Irb, 0));
+            continue;
+        }
+        uint64_t rowb = s->shape[2] * es;
+        for (int h = 0; h < st->halves; h++) {
+            uint64_t lo = (uint64_t)h * Ib + (uint64_t)r * Irb;
+            if (st->halves == 1)
+                TPS_TRY(tps_lc_src_piece(C, rt, sc, 1, lo, lo + Irb, 0));
+            else
+                TPS_TRY(tps_lc_src_piece_stride(C, rt, sc, 1, lo, lo + Irb,
+                                                (uint64_t)h * Irb * rowb, Irb * rowb, 1));
+        }
+    }
+    C->used[sc] = 1;
+    return TPS_OK;
+}
+
 static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *module)
 {
     tps_layout *L = C->L;
@@ -471,10 +527,37 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
                    (unsigned long long)E, (unsigned long long)want1, (unsigned long long)want2);
             return TPS_OK;
         }
+        /* block FP8: the scales [E, rows / bn, cols / bk] follow the rank's rows
+         * (w13: each half's) or columns (w2) in whole blocks */
+        int sc = -1;
         if (L->q && L->q->role[t] != TPS_QR_PLAIN) {
-            refuse(C, "tensor '%s' is quantized: layout %s stacks such experts unquantized only",
-                   ct->name, lname);
-            return TPS_OK;
+            const tps_quant *q = L->q;
+            sc = q->role[t] == TPS_QR_WEIGHT ? q->partner[t] : -1;
+            if (sc < 0 || q->kind[sc] != TPS_QS_BLOCK || q->input[t] >= 0) {
+                refuse(C, "tensor '%s' is quantized other than in FP8 blocks: layout %s stacks "
+                          "experts held in 3-D tensors unquantized or block FP8 only",
+                       ct->name, lname);
+                return TPS_OK;
+            }
+            uint64_t b = st->dim ? q->bk : q->bn;
+            if (!L->ep && Ir % b) {
+                char works[300];
+                tps_lc_works_list(works, sizeof works, I, b, whole_blocks);
+                refuse(C, "the experts of '%s' are FP8 in blocks of %llu x %llu: at tp %d each rank "
+                          "would hold %llu of their %llu %s, not whole blocks, which vLLM "
+                          "refines or refuses; tpshard does not write %s's refined grid for "
+                          "experts held in 3-D tensors (tp values that work: %s)",
+                       module, (unsigned long long)q->bn, (unsigned long long)q->bk, C->tp,
+                       (unsigned long long)Ir, (unsigned long long)I,
+                       st->dim ? "columns" : "rows", lname, works);
+                return TPS_OK;
+            }
+            if (C->ck->t[sc].dtype != TPS_F32 && L->spec->scale_f32) {
+                refuse(C, "scale '%s' is %s: layout %s holds expert scales in F32, and a 3-D "
+                          "expert scale's rank pieces are not widened (only F32 ones are split)",
+                       C->ck->t[sc].name, tps_dtype_name(C->ck->t[sc].dtype), lname);
+                return TPS_OK;
+            }
         }
         char *name = tps_lc_own_name(C, x->into ? tps_asprintf("%s.%s.%s", module, x->into, st->name)
                                                 : tps_asprintf("%s.%s", module, st->name));
@@ -504,6 +587,8 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
             }
         }
         C->used[t] = 1;
+        if (sc >= 0) TPS_TRY(stacked_scales(C, x, module, st, (size_t)sc, E, I, Er, Ir));
+        if (C->why[0]) return TPS_OK;
     }
     return module_all_used(C, module);
 }

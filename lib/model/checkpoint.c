@@ -45,6 +45,7 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->pools);
     for (size_t i = 0; i < ck->nstr_chunks; i++) free(ck->str_chunks[i]);
     free(ck->str_chunks);
+    free(ck->str_set);
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
     free(ck->origins);
     free(ck->files);

@@ -257,10 +257,40 @@ static tps_err js_iter_next(tps_ctx *ctx, const char *mpath, js_iter *it, const 
     return TPS_OK;
 }
 
-/* A copy of s that lives as long as ck. */
+static uint64_t str_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+/* Where s is, or goes, in ck's set of kept strings. */
+static const char **str_slot(const char **set, size_t cap, const char *s, uint64_t h)
+{
+    for (size_t i = (size_t)h & (cap - 1);; i = (i + 1) & (cap - 1))
+        if (!set[i] || !strcmp(set[i], s)) return &set[i];
+}
+
+/* A copy of s that lives as long as ck: one copy of each string, however
+ * often the manifest repeats it. */
 static const char *ck_keep(tps_ckpt *ck, const char *s)
 {
     if (!s) return NULL;
+    uint64_t h = str_hash(s);
+    if (ck->cap_str_set) {
+        const char **at = str_slot(ck->str_set, ck->cap_str_set, s, h);
+        if (*at) return *at;
+    }
+    if (2 * (ck->nstr_set + 1) > ck->cap_str_set) {
+        size_t cap = ck->cap_str_set ? 2 * ck->cap_str_set : 1024;
+        const char **set = calloc(cap, sizeof *set);
+        if (!set) return NULL;
+        for (size_t i = 0; i < ck->cap_str_set; i++)
+            if (ck->str_set[i]) *str_slot(set, cap, ck->str_set[i], str_hash(ck->str_set[i])) = ck->str_set[i];
+        free(ck->str_set);
+        ck->str_set = set;
+        ck->cap_str_set = cap;
+    }
     size_t n = strlen(s) + 1;
     if (n > ck->str_left) {
         size_t cap = n > 65536 ? n : 65536;
@@ -275,6 +305,8 @@ static const char *ck_keep(tps_ckpt *ck, const char *s)
     memcpy(d, s, n);
     ck->str_next += n;
     ck->str_left -= n;
+    *str_slot(ck->str_set, ck->cap_str_set, d, h) = d;
+    ck->nstr_set++;
     return d;
 }
 

@@ -76,6 +76,14 @@ static int scale_fits(const tps_quant *q, const tps_ctensor *w, const tps_ctenso
         *k = TPS_QS_TENSOR;
         return 1;
     }
+    /* experts held in one 3-D tensor [E, rows, cols] (Gemma 4's experts.gate_up_proj):
+     * block scales [E, ceil(rows/bn), ceil(cols/bk)] */
+    if (w->ndim == 3 && q->bn && s->ndim == 3 && s->shape[0] == w->shape[0] &&
+        s->shape[1] == (w->shape[1] + q->bn - 1) / q->bn &&
+        s->shape[2] == (w->shape[2] + q->bk - 1) / q->bk) {
+        *k = TPS_QS_BLOCK;
+        return 1;
+    }
     if (w->ndim != 2) return 0;
     if ((s->ndim == 2 && s->shape[0] == w->shape[0] && s->shape[1] == 1) ||
         (s->ndim == 1 && s->shape[0] == w->shape[0])) {
@@ -196,7 +204,13 @@ static tps_err place_scale(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q, size_
     tps_qscale k;
     if (!scale_fits(q, wt, s, &k)) {
         char want[160];
-        if (q->bn && wt->ndim == 2)
+        if (q->bn && wt->ndim == 3)
+            snprintf(want, sizeof want, "[%llu, %llu, %llu] for blocks of %llu x %llu",
+                     (unsigned long long)wt->shape[0],
+                     (unsigned long long)((wt->shape[1] + q->bn - 1) / q->bn),
+                     (unsigned long long)((wt->shape[2] + q->bk - 1) / q->bk),
+                     (unsigned long long)q->bn, (unsigned long long)q->bk);
+        else if (q->bn && wt->ndim == 2)
             snprintf(want, sizeof want, "[%llu, %llu] for blocks of %llu x %llu",
                      (unsigned long long)((wt->shape[0] + q->bn - 1) / q->bn),
                      (unsigned long long)((wt->shape[1] + q->bk - 1) / q->bk),
@@ -207,7 +221,9 @@ static tps_err place_scale(tps_ctx *ctx, const tps_ckpt *ck, tps_quant *q, size_
         return tps_fail(ctx, TPS_E_SHAPE,
                         "%s: scale '%s' has shape of %d dims not matching its weight '%s' %s: "
                         "expected %s",
-                        ck->path, s->name, s->ndim, wt->name, wt->ndim == 2 ? "[out, in]" : "", want);
+                        ck->path, s->name, s->ndim, wt->name,
+                        wt->ndim == 2 ? "[out, in]" : wt->ndim == 3 ? "[experts, rows, columns]" : "",
+                        want);
     }
     if (!(p->kinds >> k & 1u)) { /* the method names this kind otherwise */
         const char *named = "?";
@@ -420,6 +436,30 @@ static tps_err find_parts(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps
         const tps_ctensor *s = &ck->t[i];
         size_t stem;
         const tps_qpart *p = part_of(q->m, s->name, &stem);
+        if (!p && q->m && has_suffix(s->name, "_scale_inv", &stem)) {
+            /* X_scale_inv beside a 3-D FP8 X (experts held whole: Gemma 4's
+             * experts.gate_up_proj_scale_inv), the block scales' own part */
+            char *xn = tps_asprintf("%.*s", (int)stem, s->name);
+            if (!xn) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            int x = tps_ckpt_find(ck, xn);
+            free(xn);
+            if (x >= 0 && ck->t[x].ndim == 3 && q->m->weight_dtype(ck->t[x].dtype)) {
+                const tps_qpart *bp = NULL;
+                for (size_t j = 0; j < q->m->nparts && !bp; j++)
+                    if (q->m->parts[j].role == TPS_QR_SCALE &&
+                        (q->m->parts[j].kinds >> TPS_QS_BLOCK & 1u))
+                        bp = &q->m->parts[j];
+                if (!qc)
+                    return tps_fail(ctx, TPS_E_CONFIG,
+                                    "%s: tensor '%s' is a quantization scale, but config.json has "
+                                    "no quantization_config saying how it relates to its weight",
+                                    ck->path, s->name);
+                if (bp) {
+                    TPS_TRY(place_scale(ctx, ck, q, i, x, stem, bp));
+                    continue;
+                }
+            }
+        }
         if (!p) {
             for (size_t j = 0; j < sizeof foreign_parts / sizeof foreign_parts[0]; j++)
                 if (has_suffix(s->name, foreign_parts[j], &stem))
@@ -444,6 +484,13 @@ static tps_err find_parts(tps_ctx *ctx, const tps_ckpt *ck, const cJSON *qc, tps
     /* A quantized weight needs its scale (unquantized modules are not FP8). */
     for (size_t i = 0; qc && i < ck->n; i++) {
         size_t stem;
+        if (q->m->weight_dtype(ck->t[i].dtype) && q->role[i] != TPS_QR_WEIGHT &&
+            ck->t[i].ndim == 3 && !q->m->weight_suffix)
+            return tps_fail(ctx, TPS_E_SHAPE,
+                            "%s: FP8 expert tensor '%s' has no block scales beside it ('%s_scale_inv' "
+                            "[experts, rows / %llu, columns / %llu]): it cannot be dequantized",
+                            ck->path, ck->t[i].name, ck->t[i].name, (unsigned long long)q->bn,
+                            (unsigned long long)q->bk);
         if (!q->m->weight_dtype(ck->t[i].dtype) || q->role[i] == TPS_QR_WEIGHT ||
             !has_suffix(ck->t[i].name, ".weight", &stem))
             continue;

@@ -50,9 +50,13 @@ static const tps_piece *piece_n(const tps_ctensor *t, int p)
     return p < t->npieces ? &t->pieces[p] : &t->replicas[p - t->npieces];
 }
 
+/* A piece's bytes [off, off + len) (a chunk of a large piece, its CRC in
+ * crc), or (group) pieces [piece, end) of a tensor whole, each smaller than
+ * a chunk, their CRCs written to the pieces' own slots: a MoE's hundreds of
+ * thousands of small pieces are a few thousand tasks. */
 typedef struct {
     size_t t;
-    int piece;
+    int piece, end, group;
     uint64_t off, len;
     uint32_t crc;
 } crc_task;
@@ -64,31 +68,55 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
     size_t ntask = 0, npieces = 0;
     for (size_t i = 0; i < ck->n; i++)
         for (int p = 0; p < all_pieces(&ck->t[i]); p++) {
-            ntask += piece_n(&ck->t[i], p)->nbytes / CHUNK + 1;
+            uint64_t n = piece_n(&ck->t[i], p)->nbytes;
+            ntask += n >= CHUNK ? n / CHUNK + 1 : 1; /* at most: groups are fewer */
             npieces++;
         }
-    crc_task *T = tps_xcalloc(ntask, sizeof *T);
     size_t *base = tps_xcalloc(ck->n + 1, sizeof *base);
     uint32_t *crc = tps_xcalloc(npieces, sizeof *crc);
-    if (!T || !base || !crc) {
-        free(T);
-        free(base);
-        free(crc);
-        return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    }
+    crc_task *T = NULL;
     size_t k = 0, pc = 0;
-    for (size_t i = 0; i < ck->n; i++) {
-        base[i] = pc;
-        for (int p = 0; p < all_pieces(&ck->t[i]); p++, pc++) {
-            uint64_t n = piece_n(&ck->t[i], p)->nbytes;
-            uint64_t a = 0;
-            do {
-                uint64_t len = n - a < CHUNK ? n - a : CHUNK;
-                T[k++] = (crc_task){.t = i, .piece = p, .off = a, .len = len};
-                a += len;
-            } while (a < n);
+    /* two passes: count the tasks, then make them */
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass) {
+            T = tps_xcalloc(k ? k : 1, sizeof *T);
+            if (!T || !base || !crc) {
+                free(T);
+                free(base);
+                free(crc);
+                return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            }
         }
+        size_t nk = 0;
+        pc = 0;
+        for (size_t i = 0; i < ck->n; i++) {
+            if (pass) base[i] = pc;
+            int np = all_pieces(&ck->t[i]);
+            for (int p = 0; p < np;) {
+                uint64_t n = piece_n(&ck->t[i], p)->nbytes;
+                if (n >= CHUNK) {
+                    for (uint64_t a = 0; a < n; a += CHUNK) {
+                        uint64_t len = n - a < CHUNK ? n - a : CHUNK;
+                        if (pass) T[nk] = (crc_task){.t = i, .piece = p, .end = p + 1, .off = a, .len = len};
+                        nk++;
+                    }
+                    p++;
+                    pc++;
+                    continue;
+                }
+                int e = p;
+                uint64_t sum = 0;
+                while (e < np && piece_n(&ck->t[i], e)->nbytes < CHUNK && sum < CHUNK)
+                    sum += piece_n(&ck->t[i], e++)->nbytes;
+                if (pass) T[nk] = (crc_task){.t = i, .piece = p, .end = e, .group = 1, .len = sum};
+                nk++;
+                pc += (size_t)(e - p);
+                p = e;
+            }
+        }
+        k = nk;
     }
+    (void)ntask;
     base[ck->n] = pc;
     volatile int failed = 0;
     tps_err err = TPS_OK;
@@ -107,8 +135,17 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
                 }
                 continue;
             }
-            tps_err rc = tps_ckpt_read_piece_at(ctx, ck, &ck->t[T[j].t], piece_n(&ck->t[T[j].t], T[j].piece), T[j].off, buf,
-                                    (size_t)T[j].len);
+            const tps_ctensor *t = &ck->t[T[j].t];
+            tps_err rc = TPS_OK;
+            for (int p = T[j].piece; !rc && p < T[j].end; p++) {
+                const tps_piece *pp = piece_n(t, p);
+                uint64_t len = T[j].group ? pp->nbytes : T[j].len;
+                rc = tps_ckpt_read_piece_at(ctx, ck, t, pp, T[j].off, buf, (size_t)len);
+                if (rc) break;
+                uint32_t c = tps_crc32(0, buf, (size_t)len);
+                if (T[j].group) crc[base[T[j].t] + (size_t)p] = c;
+                else T[j].crc = c;
+            }
             if (rc) {
 #pragma omp critical
                 if (!failed) {
@@ -117,22 +154,24 @@ static tps_err crc_pieces(tps_ctx *ctx, const tps_ckpt *ck, uint32_t **out_crc, 
                 }
                 continue;
             }
-            T[j].crc = tps_crc32(0, buf, (size_t)T[j].len);
             total += T[j].len;
         }
         free(buf);
     }
-    if (!failed) {
-        size_t j = 0;
-        for (size_t i = 0; i < ck->n; i++)
-            for (int p = 0; p < all_pieces(&ck->t[i]); p++) {
-                uint32_t c = 0;
-                do {
-                    c = (uint32_t)crc32_combine(c, T[j].crc, (z_off_t)T[j].len);
-                    j++;
-                } while (j < k && T[j].t == i && T[j].piece == p && T[j].off != 0);
-                crc[base[i] + (size_t)p] = c;
-            }
+    /* a large piece's chunks joined in order */
+    for (size_t j = 0; !failed && j < k;) {
+        if (T[j].group) {
+            j++;
+            continue;
+        }
+        uint32_t c = 0;
+        size_t t = T[j].t;
+        int p = T[j].piece;
+        do {
+            c = (uint32_t)crc32_combine(c, T[j].crc, (z_off_t)T[j].len);
+            j++;
+        } while (j < k && !T[j].group && T[j].t == t && T[j].piece == p && T[j].off != 0);
+        crc[base[t] + (size_t)p] = c;
     }
     free(T);
     if (failed) {

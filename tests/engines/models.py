@@ -204,6 +204,68 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
     return quant_oracle.write_model(out, config, tensors)
 
 
+def gemma4_per_expert(src_make):
+    """A maker: src_make's Gemma 4 MoE with its experts as per-expert 2-D
+    tensors (experts.{e}.gate_proj / up_proj [I, H], down_proj [H, I]), the
+    form quantizers that linearize Gemma4TextExperts write; vLLM's expert
+    mapping loads both forms."""
+    def make(out):
+        tmp = tempfile.mkdtemp(prefix="fused.")
+        try:
+            src_make(tmp)
+            config, tensors = serving_oracle.load_checkpoint(tmp)
+        finally:
+            shutil.rmtree(tmp)
+        t = {}
+        for name, (dt, shape, data) in tensors.items():
+            if name.endswith("experts.gate_up_proj") or name.endswith("experts.down_proj"):
+                a = np.frombuffer(data, np.uint16).reshape(shape)
+                base = name.rsplit(".", 1)[0]
+                for e in range(shape[0]):
+                    if name.endswith("gate_up_proj"):
+                        half = shape[1] // 2
+                        t[f"{base}.{e}.gate_proj.weight"] = (dt, [half, shape[2]], a[e, :half].tobytes())
+                        t[f"{base}.{e}.up_proj.weight"] = (dt, [half, shape[2]], a[e, half:].tobytes())
+                    else:
+                        t[f"{base}.{e}.down_proj.weight"] = (dt, list(shape[1:]), a[e].tobytes())
+                continue
+            t[name] = (dt, shape, data)
+        return quant_oracle.write_model(out, config, t)
+    return make
+
+
+def gemma4_fused_fp8(src_make, seed=7):
+    """A maker: src_make's block-FP8 Gemma 4 MoE (fp8_of: every 2-D linear) with
+    its fused 3-D experts in E4M3 too, beside block scales of their own shape:
+    experts.gate_up_proj_scale_inv [E, 2I/128, ceil(H/128)] and
+    experts.down_proj_scale_inv [E, ceil(H/128), I/128]."""
+    def make(out):
+        tmp = tempfile.mkdtemp(prefix="fp8.")
+        try:
+            src_make(tmp)
+            config, tensors = serving_oracle.load_checkpoint(tmp)
+        finally:
+            shutil.rmtree(tmp)
+        rng = np.random.default_rng(seed)
+        t = {}
+        for name, (dt, shape, data) in tensors.items():
+            if len(shape) == 3 and (name.endswith("experts.gate_up_proj") or
+                                    name.endswith("experts.down_proj")):
+                E, o, i = shape
+                t[name] = ("F8_E4M3", shape, E4M3_CODES[rng.integers(0, len(E4M3_CODES),
+                                                                     size=(E, o, i))].tobytes())
+                t[name + "_scale_inv"] = _scales(rng, (E, -(-o // 128), -(-i // 128)))
+                continue
+            t[name] = (dt, shape, data)
+        return quant_oracle.write_model(out, config, t)
+    return make
+
+
+GEMMA4_MOE_FP8 = dict(hidden=256, head_dim=128, global_head_dim=256, inter=256, ple=0,
+                      kv_shared=0, double_wide=False, vocab=300, heads=4, kv_heads=2,
+                      global_kv_heads=2, experts=4, moe_inter=256, seed=8)
+
+
 GEMMA4_FP8 = dict(hidden=256, head_dim=128, global_head_dim=256, inter=256, ple=64, vocab=300,
                   vocab_pl=260, seed=5)
 GPT_OSS = dict(hidden=64, heads=4, kv_heads=4, head_dim=64, experts=4, vocab=100)
@@ -302,6 +364,18 @@ MODELS = {
                                  _router),
     "gemma4-e-ct-fp8-channel": fp8_of(_fam(gemma4_oracle.make_checkpoint, **GEMMA4_FP8),
                                       "ct-channel", _router, scale_dtype="BF16"),
+    # Gemma 4 MoE with per-expert 2-D experts (experts.{e}.gate_proj...), BF16 and block
+    # FP8, and with its fused 3-D experts in block FP8 (experts.gate_up_proj_scale_inv)
+    "gemma4-moe-pe": gemma4_per_expert(_fam(gemma4_oracle.make_checkpoint, heads=8, kv_heads=4,
+                                            global_kv_heads=2, ple=0, kv_shared=0,
+                                            double_wide=False, vocab=256, experts=4,
+                                            moe_inter=32, seed=7)),
+    "gemma4-moe-pe-fp8-block": fp8_of(gemma4_per_expert(_fam(gemma4_oracle.make_checkpoint,
+                                                             **GEMMA4_MOE_FP8)), "block",
+                                      lambda m: _router(m) or m.endswith("router.proj")),
+    "gemma4-moe-fp8-block": gemma4_fused_fp8(fp8_of(_fam(gemma4_oracle.make_checkpoint,
+                                                         **GEMMA4_MOE_FP8), "block",
+                                                    lambda m: _router(m) or m.endswith("router.proj"))),
     # gpt-oss: head_dim 64 for the CPU attention backend, KV heads 4 (gpt-oss has no KV
     # replication). BF16: intermediate 128, as vLLM's CPU MoE kernels want 32 per rank.
     # MXFP4: intermediate 160 = 5 blocks, so vLLM's cdiv(5, tp) * 32 row cut is uneven

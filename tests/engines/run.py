@@ -102,6 +102,10 @@ CASES = [
     (V, "gemma4-mm-e", "bf16", 2, 1), (V, "gemma4-mm-e", "bf16", 4, 1),
     (V, "gemma4-e-fp8-block", "fp8-block", 2, 1),
     (V, "gemma4-e-ct-fp8-channel", "ct-fp8-channel", 2, 1),
+    # Gemma 4 MoE experts per expert (BF16, block FP8) and fused 3-D in block FP8
+    (V, "gemma4-moe-pe", "bf16", 2, 1), (V, "gemma4-moe-pe", "bf16", 4, 1),
+    (V, "gemma4-moe-pe-fp8-block", "fp8-block", 2, 1),
+    (V, "gemma4-moe-fp8-block", "fp8-block", 2, 1),
     # pipeline parallel, vLLM
     (V, "llama-5", "bf16", 2, 2), (V, "llama-5", "bf16", 1, 3),
     (V, "llama-tied", "bf16", 2, 2), (V, "llama-tied", "bf16", 1, 3),

@@ -403,6 +403,39 @@ def dropped(config, names):
     return out
 
 
+_NP = {"BF16": np.uint16, "F16": np.uint16, "F8_E4M3": np.uint8, "F32": np.float32}
+
+
+def _arr3(t, name):
+    dt, sh, raw = t[name]
+    return np.frombuffer(raw, _NP[dt]).reshape(sh)
+
+
+def _experts(t, src, E):
+    """A MoE layer's experts as [E, 2I, H] gate-then-up rows and [E, H, I] down,
+    with their block scales ([E, 2I/bn, H/bk], [E, H/bn, I/bk]) or None, and the
+    weights' dtype: from the fused 3-D tensors or the per-expert 2-D ones."""
+    if src + "experts.gate_up_proj" in t:
+        gu, dn = _arr3(t, src + "experts.gate_up_proj"), _arr3(t, src + "experts.down_proj")
+        wdt = t[src + "experts.gate_up_proj"][0]
+        sn = src + "experts.gate_up_proj_scale_inv"
+        gus = _arr3(t, sn) if sn in t else None
+        dns = _arr3(t, src + "experts.down_proj_scale_inv") if sn in t else None
+        return gu, gus, dn, dns, wdt
+    pe = src + "experts.{}.{}.{}"
+    wdt = t[pe.format(0, "gate_proj", "weight")][0]
+    gu = np.stack([np.concatenate([_arr3(t, pe.format(e, "gate_proj", "weight")),
+                                   _arr3(t, pe.format(e, "up_proj", "weight"))]) for e in range(E)])
+    dn = np.stack([_arr3(t, pe.format(e, "down_proj", "weight")) for e in range(E)])
+    if pe.format(0, "gate_proj", "weight_scale_inv") not in t:
+        return gu, None, dn, None, wdt
+    gus = np.stack([np.concatenate([_arr3(t, pe.format(e, "gate_proj", "weight_scale_inv")),
+                                    _arr3(t, pe.format(e, "up_proj", "weight_scale_inv"))])
+                    for e in range(E)])
+    dns = np.stack([_arr3(t, pe.format(e, "down_proj", "weight_scale_inv")) for e in range(E)])
+    return gu, gus, dn, dns, wdt
+
+
 def expected_ranks(model_dir, tp):
     _config, t = load_checkpoint(model_dir)
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -501,22 +534,37 @@ def expected_ranks(model_dir, tp):
             _put(out, dst + "mlp.gate_up_proj", fused)
             d = lin(src + "mlp.down_proj")
             _put(out, dst + "mlp.down_proj", d.cols(*_even(d.w[1][1], tp, r)))
-            if E and src + "experts.gate_up_proj" in t:
+            if E and (src + "experts.gate_up_proj" in t or src + "experts.0.gate_proj.weight" in t):
                 # models/gemma4.py: the router whole, the MoE norms whole; the experts'
                 # routed_experts.w13_weight [E, 2 I/tp, H] each expert's rank gate rows then
-                # up rows, w2_weight [E, H, I/tp] the rank's columns of down_proj
+                # up rows, w2_weight [E, H, I/tp] the rank's columns of down_proj. The
+                # checkpoint holds them fused in 3-D (experts.gate_up_proj [E, 2I, H],
+                # experts.down_proj [E, H, I]) or one 2-D tensor an expert
+                # (experts.{e}.gate_proj ...), which vLLM's expert mapping loads alike.
+                # Block FP8: the scales [E, rows / 128, cols / 128] (3-D:
+                # experts.gate_up_proj_scale_inv; per expert: .weight_scale_inv) follow
+                # in whole blocks, F32, as w13_weight_scale_inv / w2_weight_scale_inv.
                 for n in ("router.proj.weight", "router.scale", "router.per_expert_scale",
                           "post_feedforward_layernorm_1.weight", "post_feedforward_layernorm_2.weight",
                           "pre_feedforward_layernorm_2.weight"):
                     out[dst + n] = t[src + n]
-                dt, sh, raw = t[src + "experts.gate_up_proj"]
-                gu = np.frombuffer(raw, np.uint16).reshape(sh)
+                gu, gus, dn, dns, wdt = _experts(t, src, E)
                 Ir, lo = MI // tp, r * (MI // tp)
                 w13 = np.concatenate([gu[:, lo:lo + Ir], gu[:, MI + lo:MI + lo + Ir]], axis=1)
-                out[dst + "experts.routed_experts.w13_weight"] = (dt, list(w13.shape),
+                out[dst + "experts.routed_experts.w13_weight"] = (wdt, list(w13.shape),
                                                                   np.ascontiguousarray(w13).tobytes())
-                dt, sh, raw = t[src + "experts.down_proj"]
-                dn = np.frombuffer(raw, np.uint16).reshape(sh)[:, :, lo:lo + Ir]
-                out[dst + "experts.routed_experts.w2_weight"] = (dt, list(dn.shape),
-                                                                 np.ascontiguousarray(dn).tobytes())
+                w2 = dn[:, :, lo:lo + Ir]
+                out[dst + "experts.routed_experts.w2_weight"] = (wdt, list(w2.shape),
+                                                                 np.ascontiguousarray(w2).tobytes())
+                if gus is not None:
+                    bn, bk = block
+                    if Ir % bn or Ir % bk:
+                        raise Rejected(f"the experts' {Ir} rows a rank are not whole {bn}-blocks")
+                    b0, nb, Ib = lo // bn, Ir // bn, MI // bn
+                    s13 = np.concatenate([gus[:, b0:b0 + nb], gus[:, Ib + b0:Ib + b0 + nb]], axis=1)
+                    out[dst + "experts.routed_experts.w13_weight_scale_inv"] = (
+                        "F32", list(s13.shape), np.ascontiguousarray(s13).tobytes())
+                    s2 = dns[:, :, lo // bk:(lo + Ir) // bk]
+                    out[dst + "experts.routed_experts.w2_weight_scale_inv"] = (
+                        "F32", list(s2.shape), np.ascontiguousarray(s2).tobytes())
     return ranks

@@ -60,7 +60,11 @@ MODELS = {
 
 # FP8 E series (block [128, 128], compressed-tensors per channel with BF16 scales): the
 # engine oracle's models, every linear weight but the embeddings' in E4M3
-FP8 = {"e-fp8-block": "gemma4-e-fp8-block", "e-ct-fp8-channel": "gemma4-e-ct-fp8-channel"}
+FP8 = {"e-fp8-block": "gemma4-e-fp8-block", "e-ct-fp8-channel": "gemma4-e-ct-fp8-channel",
+       # the MoE's experts one 2-D tensor each (BF16, block FP8), and fused 3-D in block FP8
+       # (experts.gate_up_proj_scale_inv [E, 2I/128, H/128])
+       "moe-pe": "gemma4-moe-pe", "moe-pe-fp8-block": "gemma4-moe-pe-fp8-block",
+       "moe-fp8-block": "gemma4-moe-fp8-block"}
 
 
 def model(name, **over):
@@ -222,6 +226,24 @@ def main():
     for name in list(MODELS) + list(FP8):
         for tp in (1, 2, 4):
             split_case(name, tp, full=tp == 2)
+    # a flipped bit of the fused FP8 experts' block scales on the last rank (rows that
+    # come from the up half, an expert apart)
+    out = os.path.join(TMP, "o-moe-fp8-block-2")
+    victim = "model.layers.1.experts.routed_experts.w13_weight_scale_inv"
+    tampered = out + "-scale"
+    if os.path.isdir(out):
+        shutil.copytree(out, tampered)
+        path = os.path.join(tampered, "model-rank-1-part-0.safetensors")
+        ranktest.flip_bit(path, victim)
+        rc, so, se = tps("check", tampered)
+        rc2, so2, se2 = tps("verify", tampered, "--source", model("moe-fp8-block"))
+        src_name = "model.layers.1.experts.gate_up_proj_scale_inv"
+        report(rc == 1 and rc2 == 1 and src_name in so2 + se2,
+               f"gemma4 vllm moe-fp8-block tp 2: check and verify fail with one flipped bit of "
+               f"{victim} on rank 1, verify naming its source {src_name}",
+               f"rc {rc} {rc2}\n{se}{so}{se2}{so2[-800:]}")
+    else:
+        report(False, "gemma4 vllm moe-fp8-block tp 2: its split is there to tamper with")
     pp_case("dense", 1, 3)
     pp_case("dense", 2, 2)
     # the E series' KV-shared layers 2 and 3 read layers 0 and 1's caches: vLLM refuses
@@ -271,6 +293,22 @@ def main():
     refused("moe_intermediate_size disagreeing with the experts' tensors", m, 2,
             ["model.layers.0.experts.", "moe_intermediate_size"])
     refused("moe_intermediate_size 32 at tp 64", model("moe"), 64, ["moe_intermediate_size"])
+    # fused FP8 experts without their block scales, and with scales off their block grid
+    import quant_oracle
+    for label, edit, words in (
+            ("fused FP8 experts without their block scales",
+             lambda t: t.pop("model.layers.0.experts.down_proj_scale_inv"),
+             ["model.layers.0.experts.down_proj", "no block scales"]),
+            ("fused FP8 experts' block scales off their grid",
+             lambda t: t.update({"model.layers.0.experts.down_proj_scale_inv": (
+                 "F32", [4, 2, 3], bytes(4 * 2 * 3 * 4))}),
+             ["model.layers.0.experts.down_proj_scale_inv", "[4, 2, 2] for blocks of 128 x 128"])):
+        d = os.path.join(TMP, "m-" + label.replace(" ", "-").replace("'", ""))
+        if not os.path.exists(d):
+            cfg, t = load_checkpoint(model("moe-fp8-block"))
+            edit(t)
+            quant_oracle.write_model(d, cfg, t)
+        refused(label, d, 2, words)
     m = edit_config("mm-audio", lambda c: c.update(audio_config={"model_type": "gemma4_audio"}),
                     base="mm-e")
     refused("a multimodal checkpoint with an audio tower", m, 2, ["audio_config", "audio tower"])

@@ -540,6 +540,17 @@ def fp8_pad(kind, I, Ip, tp):
     report(rc == 0 and src == got, f"{label}: merge gives back the unpadded source", se[-300:])
     if kind != "block":
         return
+    # plan --json's working_tp: tp is among them with the option, not without
+    wt = []
+    for extra in ((), ("--pad-intermediate",)):
+        rc, so, se = tps("plan", m, "--tp", tp, "--layout", "vllm", "--json", *extra)
+        try:
+            wt.append(json.loads(so).get("working_tp") or [])
+        except ValueError:
+            wt.append([])
+    report(tp not in wt[0] and tp in wt[1] and set(wt[0]) <= set(wt[1]),
+           f"{label}: plan --json lists tp {tp} among the tp values that work with "
+           f"--pad-intermediate only", f"without {wt[0]}, with {wt[1]}")
     # the last rank's block scales are the padding's: one bit of them flipped
     for victim in ("model.layers.0.mlp.gate_up_proj.weight_scale_inv",
                    "model.layers.1.mlp.down_proj.weight_scale_inv"):

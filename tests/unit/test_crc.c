@@ -27,7 +27,7 @@ static void crc_matches_zlib(void)
     /* Incremental: two halves equal the whole. */
     uint32_t h = tps_crc32(tps_crc32(0, buf, 777), buf + 777, 30000);
     /* the dispatcher on both sides of its wide-fold threshold */
-    for (size_t len = 10000; len < 11000; len += 7)
+    for (size_t len = 400; len < 700; len += 3)
         CHECK_MSG(tps_crc32(0, buf + 1, len) == tps_crc32_zlib(0, buf + 1, len), "len %zu", len);
     CHECK(h == tps_crc32_zlib(0, buf, 30777));
 }
