@@ -316,7 +316,8 @@ typedef struct {
 tps_err tps_layout_new_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                             const tps_layout_spec *spec, int tp, const tps_layout_opts *o,
                             tps_layout **out);
-/* tps_layout_working_tps with these options (o->pp and o->layers as there). */
+/* tps_layout_working_tps with these options: o->pad as
+ * tps_layout_working_tps_padded's, the MoE backend the layouts' own. */
 tps_err tps_layout_working_tps_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                     const tps_layout_spec *spec, const tps_layout_opts *o,
                                     int *out, int *n);
