@@ -75,6 +75,14 @@ case("awq-vllm4", "4 vllm", lambda d: po.build(d, "awq", H=256, I=512, hd=64, gr
 case("nvfp4-vllm2", "2 vllm", lambda d: po.build(d, "nvfp4"))
 case("gptq-pad-vllm4", "4 vllm --pad-intermediate", lambda d: po.build(d, "gptq", I=224, group=32))
 case("moe-w4a16-vllm2", "2 vllm", lambda d: po.build_moe(d, "ct"))
+# FP8 padded, Gemma 4's MoE (fused 3-D block FP8, per-expert 2-D), gpt-oss's MXFP4 experts
+case("fp8-pad-vllm4", "4 vllm --pad-intermediate",
+     lambda d: mq.build(d, "qwen3_moe", "fp8-block", I=96, block=(16, 16)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.getcwd()), "engines"))
+import models as em, gptoss_oracle as go
+case("gemma4-moe-fp8-vllm2", "2 vllm", em.MODELS["gemma4-moe-fp8-block"])
+case("gemma4-moe-pe-vllm4", "4 vllm", em.MODELS["gemma4-moe-pe"])
+case("gptoss-mxfp4-vllm4", "4 vllm", em.MODELS["gpt_oss-mxfp4"])
 PY
 )
 ls -l "$out"
