@@ -294,25 +294,33 @@ static tps_err ofile_write(engine *E, ofile *f, const void *buf, size_t len, uin
     return rc;
 }
 
-static tps_err fused_source(engine *E, size_t t, uint64_t off, size_t len, char *buf, fsrc *fs)
+/* A read-only, prefaulted mapping of bytes [off, off + len) of source
+ * tensor t in fs (1), or 0 where the split's mapping rules say pread (a
+ * short read, a piece the checkpoint cannot locate in one file, mmap
+ * refused). */
+static int fused_map(engine *E, size_t t, uint64_t off, size_t len, fsrc *fs)
 {
     int file;
     uint64_t foff;
-    fs->src = buf;
     fs->map = NULL;
     fs->bus = 0;
-    if (E->map && len >= tps_split_map_min && tps_ckpt_locate(E->ck, t, off, len, &file, &foff)) {
-        uint64_t base = foff & ~(uint64_t)(E->page - 1);
-        size_t mlen = (size_t)(foff + len - base);
-        char *m = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd,
-                       (off_t)base);
-        if (m != MAP_FAILED) {
-            fs->map = m;
-            fs->mlen = mlen;
-            fs->src = m + (foff - base);
-            return TPS_OK;
-        }
-    }
+    if (!E->map || len < tps_split_map_min || !tps_ckpt_locate(E->ck, t, off, len, &file, &foff))
+        return 0;
+    uint64_t base = foff & ~(uint64_t)(E->page - 1);
+    size_t mlen = (size_t)(foff + len - base);
+    char *m = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd,
+                   (off_t)base);
+    if (m == MAP_FAILED) return 0;
+    fs->map = m;
+    fs->mlen = mlen;
+    fs->src = m + (foff - base);
+    return 1;
+}
+
+static tps_err fused_source(engine *E, size_t t, uint64_t off, size_t len, char *buf, fsrc *fs)
+{
+    if (fused_map(E, t, off, len, fs)) return TPS_OK;
+    fs->src = buf;
     return tps_ckpt_read(E->ctx, E->ck, t, off, buf, len);
 }
 
@@ -419,6 +427,31 @@ static tps_err write_blocks(engine *E, const fgroup *G, uint64_t a, wb_fn one, v
     }
     free(done);
     return rc;
+}
+
+/* The pieces P[k .. *e) of a FUSED task that one read of a source serves
+ * (same source and key), the region runs [*k0, k1) they need of rows [a, b),
+ * and where those lie in the source: off, len bytes. */
+static void source_read(const engine *E, const fgroup *G, const fpiece *P, size_t n, size_t k,
+                        uint64_t a, uint64_t b, size_t *e, uint64_t *k0, uint64_t *off,
+                        size_t *len)
+{
+    const tps_layout *L = E->L;
+    size_t m = k + 1;
+    while (m < n && P[m].src == P[k].src && P[m].key == P[k].key) m++;
+    *e = m;
+    uint64_t lo = UINT64_MAX, hi = 0, pr0, pc0, run, nr;
+    for (m = k; m < *e; m++) {
+        piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
+        uint64_t i0 = (pr0 > a ? pr0 : a) - pr0, i1 = (pr0 + nr < b ? pr0 + nr : b) - pr0;
+        if (i0 < lo) lo = i0;
+        if (i1 > hi) hi = i1;
+    }
+    uint64_t step, inrow;
+    piece_runs(E, &L->rt[G->rts[P[k].j]], &L->pieces[P[k].pi], &pr0, &pc0, &run, &nr);
+    src_run(E, &L->pieces[P[k].pi], run, lo, off, &step, &inrow);
+    *k0 = lo;
+    *len = (size_t)((hi - lo) * step);
 }
 
 /* write_blocks from the assembly buffer: block i at out + ob[i]. */
@@ -588,34 +621,13 @@ static tps_err fused_gathered(engine *E, const task *tk, const fgroup *G, fpiece
             k++;
             continue;
         }
-        size_t e = k + 1;
-        while (e < n && P[e].src == P[k].src && P[e].key == P[k].key) e++;
-        uint64_t k0 = UINT64_MAX, k1 = 0, pr0, pc0, run, nr;
-        for (size_t m = k; m < e; m++) {
-            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
-            uint64_t i0 = (pr0 > a ? pr0 : a) - pr0, i1 = (pr0 + nr < b ? pr0 + nr : b) - pr0;
-            if (i0 < k0) k0 = i0;
-            if (i1 > k1) k1 = i1;
-        }
-        uint64_t off, st2, inrow;
-        piece_runs(E, &L->rt[G->rts[P[k].j]], &L->pieces[P[k].pi], &pr0, &pc0, &run, &nr);
-        src_run(E, &L->pieces[P[k].pi], run, k0, &off, &st2, &inrow);
-        size_t len = (size_t)((k1 - k0) * st2);
-        int file;
-        uint64_t foff;
-        if (len < tps_split_map_min || !tps_ckpt_locate(E->ck, P[k].src, off, len, &file, &foff)) {
+        size_t e, len;
+        uint64_t k0, off, pr0, pc0, run, nr;
+        source_read(E, G, P, n, k, a, b, &e, &k0, &off, &len);
+        if (!fused_map(E, P[k].src, off, len, &fs[nfs])) {
             ok = 0;
             break;
         }
-        uint64_t base = foff & ~(uint64_t)(E->page - 1);
-        size_t mlen = (size_t)(foff + len - base);
-        char *mp = mmap(NULL, mlen, PROT_READ, MAP_SHARED | MAP_POPULATE, E->ck->files[file].fd,
-                        (off_t)base);
-        if (mp == MAP_FAILED) {
-            ok = 0;
-            break;
-        }
-        fs[nfs] = (fsrc){.src = mp + (foff - base), .map = mp, .mlen = mlen};
         for (size_t m = k; m < e; m++) {
             uint64_t o2, s2, in2;
             piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
@@ -739,20 +751,9 @@ static tps_err run_fused(engine *E, const task *tk, char *in, char *out)
             k++;
             continue;
         }
-        size_t e = k + 1;
-        while (e < n && P[e].src == P[k].src && P[e].key == P[k].key) e++;
-        /* the region runs [k0, k1) these pieces need */
-        uint64_t k0 = UINT64_MAX, k1 = 0, pr0, pc0, run, nr;
-        for (size_t m = k; m < e; m++) {
-            piece_runs(E, &L->rt[G->rts[P[m].j]], &L->pieces[P[m].pi], &pr0, &pc0, &run, &nr);
-            uint64_t i0 = (pr0 > a ? pr0 : a) - pr0, i1 = (pr0 + nr < b ? pr0 + nr : b) - pr0;
-            if (i0 < k0) k0 = i0;
-            if (i1 > k1) k1 = i1;
-        }
-        uint64_t off, step, inrow;
-        piece_runs(E, &L->rt[G->rts[P[k].j]], &L->pieces[P[k].pi], &pr0, &pc0, &run, &nr);
-        src_run(E, &L->pieces[P[k].pi], run, k0, &off, &step, &inrow);
-        size_t len = (size_t)((k1 - k0) * step);
+        size_t e, len;
+        uint64_t k0, off;
+        source_read(E, G, P, n, k, a, b, &e, &k0, &off, &len);
         fsrc fs = {.src = in};
         rc = fused_source(E, P[k].src, off, len, in, &fs);
         if (!rc) fs.bus = fused_copy_guarded(E, G, P, k, e, a, b, k0, &fs, out, ob);
