@@ -99,17 +99,22 @@ M=$RUN/model-120b-shape
 say "## peak RSS: gpt-oss-120b-shaped (36 layers, 128 experts, hidden 64, intermediate 64)"
 gen "$M" --layers 36 --experts 128 --hidden 64 --inter 64 --vocab 2048 --heads 8 --kv-heads 8 --head-dim 8
 warm "$M/model.safetensors"
-for tp in 4 8; do
-	: >"$RUN/rss"
-	for i in 1 2 3; do
-		measure rss "$TPSHARD" split "$M" --tp "$tp" -o "$OUT" --force -q
-		echo "$M_maxrss_kib" >>"$RUN/rss"
+for lay in dtensor $LAYOUT; do
+	[ "$lay" = dtensor ] || "$TPSHARD" split "$M" --tp 4 --layout "$lay" -o "$OUT" --dry-run -q \
+		>/dev/null 2>&1 || continue
+	for tp in 4 8; do
+		: >"$RUN/rss"
+		for i in 1 2 3; do
+			measure rss "$TPSHARD" split "$M" --tp "$tp" --layout "$lay" -o "$OUT" --force -q
+			echo "$M_maxrss_kib" >>"$RUN/rss"
+			rm -rf "$OUT"
+		done
+		trss=$(time_rss "$TPSHARD" split "$M" --tp "$tp" --layout "$lay" -o "$OUT" --force -q)
 		rm -rf "$OUT"
+		r=$(maxof "$RUN/rss")
+		say "  tp $tp ($lay): peak RSS $(mib "$r") MiB (max of 3; /usr/bin/time: $trss KiB)," \
+			"input $(gib "$GEN_BYTES") GiB (bar 64 MiB: $(bar "$(mib "$r")" 64))"
 	done
-	trss=$(time_rss "$TPSHARD" split "$M" --tp "$tp" -o "$OUT" --force -q); rm -rf "$OUT"
-	r=$(maxof "$RUN/rss")
-	say "  tp $tp (dtensor): peak RSS $(mib "$r") MiB (max of 3; /usr/bin/time: $trss KiB)," \
-		"input $(gib "$GEN_BYTES") GiB (bar 64 MiB: $(bar "$(mib "$r")" 64))"
 done
 if ! "$TPSHARD" split "$M" --tp 4 --layout vllm -o "$OUT" --dry-run -q >"$RUN/dry.log" 2>&1; then
 	say "  --layout vllm: refused ($(grep -m1 -o 'gpt-oss in vLLM[^:]*' "$RUN/dry.log"))"
