@@ -301,6 +301,12 @@ tps_err tps_st_pad_header(tps_ctx *ctx, char **hdr, size_t *hdr_len, size_t extr
 typedef struct {
     uint32_t rep_n, rep_k;
     uint64_t skip, out;
+    /* 1 (rep_n 0): a transposed piece instead. The region, read as its own
+     * shape (the source's, its dim cut to [lo, hi)), is stored with its last
+     * two dims swapped: [.., A, B] as [.., B, A], in the source's dtype
+     * (vLLM's BF16 gpt-oss experts: each expert's rank slice transposed).
+     * Readers undo it and see the region's own bytes. */
+    uint64_t tr;
 } tps_xform;
 
 /* The F32 grid a refined piece of a rows x cols region (cut along dim)
@@ -324,7 +330,10 @@ typedef struct {
     uint64_t lo, hi;  /* range along the tensor's dim (dim >= 0) */
     uint64_t nbytes;
     uint32_t crc;     /* sharded dirs: manifest CRC32; else 0 */
-    int has_crc;
+    uint8_t has_crc;
+    uint8_t tr;       /* transposed (tps_xform.tr): its region's last two dims swapped
+                       * in the file; reads undo it */
+    uint16_t spare_;
     const char *holder; /* sharded dirs: the rank tensor holding it (a serving
                          * layout's fused or padded tensor), or the tensor's own name */
     uint64_t at;        /* its byte offset in that rank tensor */
@@ -1080,7 +1089,8 @@ typedef struct {
     size_t region;   /* SRC */
     uint64_t at;     /* byte offset in the rank tensor */
     uint64_t nbytes;
-    uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid) */
+    uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid,
+                      * or a transposed piece: tps_xform.tr) */
     /* SRC, ZERO: 0, or the piece is concatenated along the rank tensor's
      * last dim with others: its bytes are runs of `run` bytes, one per step
      * of the dims before it, tps_rt_stride(rank tensor) bytes apart from
@@ -1170,7 +1180,7 @@ struct tps_layout {
     size_t npieces, cap_pieces;
     tps_region *regions;
     size_t nregions, cap_regions;
-    tps_xform *xforms; /* the refined pieces' transforms (tps_lpiece.xf - 1) */
+    tps_xform *xforms; /* refined and transposed pieces' transforms (tps_lpiece.xf - 1) */
     size_t nxforms;
     size_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
     size_t *src_piece0;
@@ -1183,6 +1193,26 @@ struct tps_layout {
     tps_layer_view *layers; /* strings borrowed from the config and static text */
     size_t nlayers;
 };
+
+/* Is layout piece p transposed (tps_xform.tr)? */
+static inline int tps_lpiece_tr(const tps_layout *L, const tps_lpiece *p)
+{
+    return p->xf && L->xforms[p->xf - 1].tr;
+}
+
+/* A transposed region of tensor t cut to [lo, hi) along dim (-1: whole):
+ * *n matrices of *a rows of *b elements each (its last two dims), stored
+ * as *n matrices of *b rows of *a. */
+static inline void tps_tr_dims(const tps_ctensor *t, int dim, uint64_t lo, uint64_t hi,
+                               uint64_t *n, uint64_t *a, uint64_t *b)
+{
+    uint64_t sh[TPS_MAX_DIMS];
+    for (int d = 0; d < t->ndim; d++) sh[d] = d == dim ? hi - lo : t->shape[d];
+    *n = 1;
+    for (int d = 0; d + 2 < t->ndim; d++) *n *= sh[d];
+    *a = t->ndim >= 2 ? sh[t->ndim - 2] : 1;
+    *b = t->ndim >= 1 ? sh[t->ndim - 1] : 1;
+}
 
 /* The layout of a directory split earlier: styles as its manifest recorded
  * them (no plan), the layout file it used, and the directory's config. */

@@ -188,6 +188,32 @@ tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint6
     return add_src_piece(C, r, src, dim, lo, hi, at, x, nbytes, 0, 0);
 }
 
+tps_err tps_lc_src_piece_tr(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                            uint64_t hi, uint64_t at)
+{
+    tps_layout *L = C->L;
+    const tps_ctensor *t = &C->ck->t[src];
+    if (t->ndim < 2 || r->dtype != t->dtype)
+        return tps_fail(C->ctx, TPS_E_SHAPE,
+                        "%s: rank %d's tensor '%s': a transposed piece of '%s' must be of a "
+                        "tensor of 2 or more dims, in its own dtype",
+                        C->ck->path, r->rank, r->name, t->name);
+    TPS_TRY(add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, 0, 0));
+    tps_lpiece *p = &L->pieces[L->npieces - 1];
+    if (p->replica)
+        return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': a transposed piece cannot be a replica",
+                        t->name);
+    const tps_xform x = {.tr = 1};
+    if (!L->nxforms || memcmp(&L->xforms[L->nxforms - 1], &x, sizeof x)) {
+        tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
+        if (!n) return nomem(C);
+        L->xforms = n;
+        L->xforms[L->nxforms++] = x;
+    }
+    p->xf = (uint32_t)L->nxforms;
+    return TPS_OK;
+}
+
 tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                              uint64_t hi, uint64_t at, uint64_t run)
 {

@@ -488,21 +488,14 @@ static tps_err place_stacked(cstate *C, const tps_lexperts *x, const char *modul
                       "for MXFP4 experts only", lname, st->name, module);
             return TPS_OK;
         }
-        if (st->transposed) {
-            /* vLLM 0.33 _load_unquantized_expert: loaded_weight.t() of each
-             * expert's rank slice */
-            char *sn = tps_asprintf("%s.%s", module, st->parts[0]);
-            if (!sn) return nomem(C);
-            refuse(C, "tensor '%s': layout %s holds each expert's slice of these unquantized "
-                      "experts transposed (vLLM 0.33's %s [E, %s, %s] is the checkpoint's "
-                      "[E, %s, %s] cut and transposed, as for gpt-oss's BF16 experts), which "
-                      "tpshard's rank tensors (runs of a source tensor's bytes in their own "
-                      "order, zeros, constants) cannot hold yet; the model's MXFP4 checkpoints "
-                      "are written, and --layout dtensor writes this one",
-                   sn, lname, st->name, st->dim ? "H" : "2 I / tp", st->dim ? "I / tp" : "H",
-                   st->dim ? "I" : "H", st->dim ? "H" : "2 I");
-            free(sn);
-            return TPS_OK;
+        if (st->transposed) { /* gpt-oss's BF16 experts */
+            if (L->q) {
+                refuse(C, "layout %s: the experts of '%s' are transposed per expert, which it "
+                          "writes unquantized or MXFP4 only", lname, module);
+                return TPS_OK;
+            }
+            TPS_TRY(tps_lc_transposed_experts(C, x, module, E, I, H));
+            return C->why[0] ? TPS_OK : module_all_used(C, module);
         }
         char *sn = tps_asprintf("%s.%s", module, st->parts[0]);
         int t = sn ? tps_ckpt_find(ck, sn) : -1;

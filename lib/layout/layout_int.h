@@ -84,6 +84,9 @@ tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_
 /* The same, refined by x (a scale on vLLM's refined grid): nbytes stored. */
 tps_err tps_lc_src_piece_x(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
                            uint64_t hi, uint64_t at, const tps_xform *x, uint64_t nbytes);
+/* The same, transposed (tps_xform.tr): the region's last two dims swapped. */
+tps_err tps_lc_src_piece_tr(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
+                            uint64_t hi, uint64_t at);
 /* The same, strided: its bytes in runs of `run` bytes, the rank tensor's
  * last-dim stride apart (a part concatenated along the last dim). */
 tps_err tps_lc_src_piece_run(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo,
@@ -198,6 +201,11 @@ tps_err tps_lc_packed_experts(cstate *C, const tps_lexperts *x, const char *modu
  * bias as vLLM's gpt-oss loader holds them for L->moe, or a refusal. */
 tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
                              uint64_t I, uint64_t H);
+/* gpt-oss's BF16 experts of module: each stack's weight transposed per
+ * expert (w13 its rank's interleaved columns, w2 its rows) and its bias, as
+ * vLLM's gpt-oss loader holds them, or a refusal. */
+tps_err tps_lc_transposed_experts(cstate *C, const tps_lexperts *x, const char *module,
+                                  uint64_t E, uint64_t I, uint64_t H);
 
 /* layout_pp.c */
 /* L's stages: pp and the partition (layers, or the engine's), checked. */

@@ -1,4 +1,4 @@
-/* layout_mxfp4.c - gpt-oss's MXFP4 experts in a serving layout, as vLLM
+/* layout_mxfp4.c - gpt-oss's experts in a serving layout, as vLLM
  * 0.33's gpt-oss loader holds them before process_weights_after_loading
  * (models/gpt_oss.py GptOssModel._load_weights_mxfp4, GptOssRoutedExperts,
  * quantization/mxfp4.py GptOssMxfp4MoEMethod.create_weights):
@@ -17,6 +17,13 @@
  *     (blocks, scales and bias alike), w2: down_proj's MX blocks of those
  *     features (a byte holds two codes, a scale a block of 32), w2_bias
  *     the real bias on rank 0 and zeros on every other rank.
+ *
+ * BF16 experts (GptOssModel._load_weights_other): no round-up, no uneven
+ * cut (MLPBlock asserts I % tp == 0): w13_weight [E, 2 I / tp, H] is
+ * gate_up_proj[:, :, 2 r I / tp : 2 (r + 1) I / tp] with each expert's
+ * matrix transposed (permute(0, 2, 1)), w2_weight [E, H, I / tp] is
+ * down_proj[:, r I / tp : (r + 1) I / tp, :] transposed likewise; the
+ * biases as for MXFP4. One transposed piece each (tps_xform.tr).
  *
  * As pieces: each expert's real rows are one run and its zero tail another,
  * their runs an expert apart (sdim 1); down_proj's real and zero columns
@@ -69,7 +76,7 @@ static int find_part(cstate *C, const char *module, const char *leaf, const char
     if (!n) return -2;
     int t = tps_ckpt_find(C->ck, n);
     if (t < 0)
-        refuse(C, "layout %s stacks the MXFP4 experts of '%s', but the checkpoint lacks '%s'",
+        refuse(C, "layout %s stacks the experts of '%s', but the checkpoint lacks '%s'",
                C->L->spec->name, module, n);
     free(n);
     return t;
@@ -193,6 +200,84 @@ tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *modul
             }
         }
         C->used[wb] = C->used[ws] = C->used[bi] = 1;
+    }
+    return TPS_OK;
+}
+
+tps_err tps_lc_transposed_experts(cstate *C, const tps_lexperts *x, const char *module,
+                                  uint64_t E, uint64_t I, uint64_t H)
+{
+    tps_layout *L = C->L;
+    const char *lname = L->spec->name;
+    uint64_t tp = (uint64_t)C->tp;
+    if (L->ep) {
+        refuse(C, "--ep: layout %s does not hold gpt-oss's experts whole on one rank each yet; "
+                  "split them without --ep", lname);
+        return TPS_OK;
+    }
+    if (I % tp) { /* the layout's checks refuse it first (MLPBlock's assert) */
+        refuse(C, "%s = %llu is not divisible by tp %d (layout %s)",
+               x->rows ? x->rows : "intermediate_size", (unsigned long long)I, C->tp, lname);
+        return TPS_OK;
+    }
+    uint64_t Ir = I / tp;
+    tps_dtype sd = tps_lc_serving_dtype(C->ck->config);
+    const char *pre = x->into ? x->into : NULL;
+    for (size_t si = 0; si < x->nstacks; si++) {
+        const tps_lstack *st = &x->stacks[si];
+        int cols = st->dim == 1; /* w2: down_proj [E, I, H], cut along I */
+        if (!st->bias_part || (!cols && !st->interleaved)) {
+            refuse(C, "layout %s: stack '%s' of transposed experts needs its bias's name%s",
+                   lname, st->name, cols ? "" : " and interleaved gate/up columns");
+            return TPS_OK;
+        }
+        int w = find_part(C, module, st->parts[0], "");
+        int bi = w < 0 ? w : find_bias(C, module, st, E, cols ? H : 2 * I);
+        if (bi == -2) return nomem(C);
+        if (bi < 0) return TPS_OK;
+        const tps_ctensor *wt = &C->ck->t[w];
+        uint64_t d1 = cols ? I : H, d2 = cols ? H : 2 * I;
+        if (wt->ndim != 3 || wt->shape[0] != E || wt->shape[1] != d1 || wt->shape[2] != d2 ||
+            wt->dtype != sd) {
+            refuse(C, "tensor '%s' must be %s [%llu, %llu, %llu] (config.json's %s, %s and "
+                      "hidden_size; the dtype vLLM 0.33 serves this model in), but it is %s "
+                      "%d-D [%llu, %llu, %llu]",
+                   wt->name, tps_dtype_name(sd), (unsigned long long)E, (unsigned long long)d1,
+                   (unsigned long long)d2, x->count, x->rows ? x->rows : "intermediate_size",
+                   tps_dtype_name(wt->dtype), wt->ndim,
+                   (unsigned long long)(wt->ndim > 0 ? wt->shape[0] : 0),
+                   (unsigned long long)(wt->ndim > 1 ? wt->shape[1] : 0),
+                   (unsigned long long)(wt->ndim > 2 ? wt->shape[2] : 0));
+            return TPS_OK;
+        }
+        char *wn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->name)
+                                          : tps_asprintf("%s.%s", module, st->name));
+        char *bn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->bias_as)
+                                          : tps_asprintf("%s.%s", module, st->bias_as));
+        if (!wn || !bn) return nomem(C);
+        const tps_ctensor *bt = &C->ck->t[bi];
+        for (int r = 0; r < C->tp; r++) {
+            uint64_t lo = (uint64_t)r * Ir, hi = lo + Ir;
+            tps_rtensor *rt;
+            if (!cols) {
+                uint64_t ws[3] = {E, 2 * Ir, H}, bs[2] = {E, 2 * Ir};
+                TPS_TRY(tps_lc_new_rt(C, wn, r, wt->dtype, 3, ws, "experts", &rt));
+                TPS_TRY(tps_lc_src_piece_tr(C, rt, (size_t)w, 2, 2 * lo, 2 * hi, 0));
+                TPS_TRY(tps_lc_new_rt(C, bn, r, bt->dtype, 2, bs, "experts", &rt));
+                TPS_TRY(tps_lc_src_piece(C, rt, (size_t)bi, 1, 2 * lo, 2 * hi, 0));
+            } else {
+                uint64_t ws[3] = {E, H, Ir};
+                TPS_TRY(tps_lc_new_rt(C, wn, r, wt->dtype, 3, ws, "experts", &rt));
+                TPS_TRY(tps_lc_src_piece_tr(C, rt, (size_t)w, 1, lo, hi, 0));
+                TPS_TRY(tps_lc_new_rt(C, bn, r, bt->dtype, 2, bt->shape, "experts", &rt));
+                if (r == 0 || !st->bias_first)
+                    TPS_TRY(tps_lc_src_piece(C, rt, (size_t)bi, -1, 0, 0, 0));
+                else
+                    TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO,
+                                                                 .nbytes = rt->nbytes}));
+            }
+        }
+        C->used[w] = C->used[bi] = 1;
     }
     return TPS_OK;
 }

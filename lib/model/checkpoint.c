@@ -368,7 +368,7 @@ static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor 
                             const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
     const tps_cfile *f = &ck->files[p->file];
-    const tps_xform xf = {p->rep_n, p->rep_k, p->xskip, p->xout}, *x = &xf;
+    const tps_xform xf = {p->rep_n, p->rep_k, p->xskip, p->xout, 0}, *x = &xf;
     uint64_t rows = t->dim == 0 ? p->hi - p->lo : t->shape[0];
     uint64_t cols = t->dim == 1 ? p->hi - p->lo : t->shape[1];
     uint64_t orows, ocols, sr, sc;
@@ -420,10 +420,73 @@ static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor 
     return rc;
 }
 
+/* A transposed piece (tps_xform.tr): bytes [off, off + len) of its region
+ * in the region's own order, read from the stored matrices ([.., B, A] for
+ * the region's [.., A, B]) a batch of stored rows at a time, each request's
+ * columns only: one read per stored row when they are few, whole stored
+ * rows when they are most of one. */
+static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
+                               const tps_piece *p, uint64_t off, void *buf, size_t len)
+{
+    const tps_cfile *f = &ck->files[p->file];
+    uint64_t n, A, B;
+    tps_tr_dims(t, t->dim, p->lo, p->hi, &n, &A, &B);
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    uint64_t mat = A * B * es;
+    if (!len) return TPS_OK;
+    if (!es || off % es || len % es || !mat)
+        return tps_fail(ctx, TPS_E_ARG, "%s: tensor '%s': a read of a transposed piece must be "
+                        "whole elements", f->path, t->name);
+    enum { BATCH = 1u << 20 };
+    char *tmp = tps_xmalloc(BATCH);
+    if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    char *out = buf;
+    /* element e of the region: matrix e / (A B), row a, column b; stored at
+     * matrix, row b, column a */
+    for (uint64_t e = off / es, e1 = (off + len) / es; !rc && e < e1;) {
+        uint64_t m = e / (A * B), in = e % (A * B);
+        uint64_t end = (m + 1) * A * B < e1 ? (m + 1) * A * B : e1; /* this matrix's share */
+        uint64_t ra0 = in / B, ra1 = (end - 1 - m * A * B) / B + 1; /* its rows a: [ra0, ra1) */
+        uint64_t na = ra1 - ra0, colb = na * es; /* the stored columns a read */
+        uint64_t base = p->off + m * mat;
+        int whole = colb * 2 >= A * es;
+        uint64_t span = whole ? A * es : colb, per = BATCH / span ? BATCH / span : 1;
+        if (span > BATCH) {
+            rc = tps_fail(ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece's stored rows of "
+                          "%llu bytes are more than a read takes", f->path, t->name,
+                          (unsigned long long)span);
+            break;
+        }
+        for (uint64_t b0 = 0; !rc && b0 < B; b0 += per) {
+            uint64_t b1 = b0 + per < B ? b0 + per : B;
+            if (whole)
+                rc = tps_pread_full(ctx, f->fd, f->path, tmp, (size_t)((b1 - b0) * span),
+                                    base + b0 * A * es);
+            else
+                for (uint64_t b = b0; !rc && b < b1; b++)
+                    rc = tps_pread_full(ctx, f->fd, f->path, tmp + (b - b0) * span, (size_t)span,
+                                        base + (b * A + ra0) * es);
+            if (rc) break;
+            for (uint64_t b = b0; b < b1; b++)
+                for (uint64_t a = ra0; a < ra1; a++) {
+                    uint64_t x = m * A * B + a * B + b;
+                    if (x < e || x >= end) continue; /* a partial first or last row */
+                    memcpy(out + (x - off / es) * es,
+                           tmp + ((b - b0) * span + (whole ? a : a - ra0) * es), es);
+                }
+        }
+        e = end;
+    }
+    free(tmp);
+    return rc;
+}
+
 tps_err tps_ckpt_read_piece_at(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
                                const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
     const tps_cfile *f = &ck->files[p->file];
+    if (p->tr) return read_transposed(ctx, ck, t, p, off, buf, len);
     if (p->rep_n) return read_refined(ctx, ck, t, p, off, buf, len);
     if (p->run) {
         /* runs `stride` apart in the file (concatenated along the last dim) */
@@ -553,7 +616,7 @@ uint64_t tps_ckpt_run(const tps_ckpt *ck, size_t i, uint64_t off, int *file, uin
     uint64_t poff, run;
     if (t->npieces == 0 || off >= t->nbytes) return 0;
     int p = find_piece(t, off, &poff, &run);
-    if (p < 0 || t->pieces[p].fbytes != t->pieces[p].nbytes ||
+    if (p < 0 || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].tr ||
         (!t->pieces[p].rep_n && t->pieces[p].run))
         return 0;
     *file = t->pieces[p].file;
@@ -569,7 +632,7 @@ int tps_ckpt_locate(const tps_ckpt *ck, size_t i, uint64_t off, uint64_t len, in
     if (t->npieces == 0 || off + len > t->nbytes || off + len < off || len == 0) return 0;
     int p = find_piece(t, off, &poff, &run);
     if (p < 0 || run < len || t->pieces[p].fbytes != t->pieces[p].nbytes || t->pieces[p].rep_n ||
-        t->pieces[p].run)
+        t->pieces[p].run || t->pieces[p].tr)
         return 0;
     *file = t->pieces[p].file;
     *foff = t->pieces[p].off + poff;

@@ -648,14 +648,21 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                         xv[3] > (1u << 30) || xv[2] > (1u << 30) || xv[2] >= (t->dim ? xv[1] : xv[0]),
                     ctx, TPS_E_JSON, "%s: tensor '%s': malformed refine [rep_n, rep_k, skip, out]",
                     mpath, t->name);
-        xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3]};
+        xf = (tps_xform){(uint32_t)xv[0], (uint32_t)xv[1], xv[2], xv[3], 0};
     }
+    /* a transposed piece (tps_xform.tr): its region's last two dims swapped */
+    const cJSON *trj = cJSON_GetObjectItemCaseSensitive(r, "transpose");
+    TPS_FAIL_IF(trj && (!v2 || !cJSON_IsTrue(trj) || rf || replica || t->ndim < 2), ctx,
+                TPS_E_JSON, "%s: tensor '%s': malformed transpose of a ranks[] entry (true, for "
+                "a piece of a tensor of 2 or more dims, neither refined nor a replica)",
+                mpath, t->name);
+    int tr = trj != NULL;
     uint64_t lshape[TPS_MAX_DIMS], at = 0, run = 0, stride = 0;
     int lnd = 0;
     uint64_t lo = 0;
     const cJSON *runj = cJSON_GetObjectItemCaseSensitive(r, "run");
     const cJSON *strj = cJSON_GetObjectItemCaseSensitive(r, "stride");
-    TPS_FAIL_IF((runj || strj) && (!v2 || rf || !json_u64(runj, &run) || !json_u64(strj, &stride) ||
+    TPS_FAIL_IF((runj || strj) && (!v2 || rf || tr || !json_u64(runj, &run) || !json_u64(strj, &stride) ||
                                    !run || run > stride || stride > 0xFFFFFFFFu),
                 ctx, TPS_E_JSON, "%s: tensor '%s': malformed run and stride of a ranks[] entry",
                 mpath, t->name);
@@ -710,6 +717,9 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                 holder, tps_dtype_name(si->dtype), tps_dtype_name(stored));
     uint64_t lbytes = tps_nbytes(t->dtype, lshape, lnd, &ovf, &mis);
     uint64_t pbytes = tps_nbytes(stored, lshape, lnd, &ovf, &mis);
+    TPS_FAIL_IF(tr && stored != t->dtype, ctx, TPS_E_MISMATCH,
+                "%s: tensor '%s': rank %d's transposed piece is stored as %s, not as itself",
+                mpath, t->name, rank, tps_dtype_name(stored));
     if (xf.rep_n) {
         /* a refined grid: out rows (or columns) along the dim, the other repeated */
         uint64_t nr = lshape[0], nc = lshape[1], orows, ocols, sr, sc;
@@ -753,6 +763,7 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
     pc->stored = stored;
     pc->rep_n = (uint16_t)xf.rep_n;
     pc->rep_k = (uint16_t)xf.rep_k;
+    pc->tr = (uint8_t)tr;
     if (xf.rep_n) {
         pc->xskip = (uint32_t)xf.skip;
         pc->xout = (uint32_t)xf.out;

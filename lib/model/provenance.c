@@ -188,7 +188,8 @@ static int by_size_cmp(const void *a, const void *b)
  * tensor (Replicate) or rows [lo, hi) of dim 0, in the tensor's own dtype. */
 static int contiguous_piece(const tps_ctensor *t, const tps_piece *pc, uint64_t *off)
 {
-    if (!pc->has_crc || pc->stored != t->dtype || pc->fbytes != pc->nbytes || pc->rep_n)
+    if (!pc->has_crc || pc->stored != t->dtype || pc->fbytes != pc->nbytes || pc->rep_n ||
+        pc->tr)
         return 0;
     if (t->dim < 0) return *off = 0, pc->nbytes == t->nbytes;
     if (t->dim != 0 || !t->ndim || !t->shape[0] || t->nbytes % t->shape[0]) return 0;

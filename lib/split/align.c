@@ -91,7 +91,7 @@ static int file_runs(const engine *E, size_t fi, runs *R)
         const tps_rtensor *rt = &L->rt[k];
         for (size_t j = 0; j < rt->npieces; j++) {
             const tps_lpiece *p = &L->pieces[rt->piece0 + j];
-            if (p->kind != TPS_PK_SRC || !p->nbytes || p->run) continue;
+            if (p->kind != TPS_PK_SRC || !p->nbytes || p->run || p->xf) continue;
             const tps_region *rg = &L->regions[p->region];
             uint64_t outer, row, s, l, foff, run;
             int file;

@@ -365,7 +365,9 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
             (unsigned long long)p->nbytes);
     /* dim -1: every piece is the whole tensor, copies by definition */
     if (p->replica && g->dim >= 0) fputs(", \"replica\": true", f);
-    if (p->xf) {
+    if (p->xf && L->xforms[p->xf - 1].tr) {
+        fputs(", \"transpose\": true", f);
+    } else if (p->xf) {
         const tps_xform *x = &L->xforms[p->xf - 1];
         fprintf(f, ", \"refine\": [%u, %u, %llu, %llu]", x->rep_n, x->rep_k,
                 (unsigned long long)x->skip, (unsigned long long)x->out);

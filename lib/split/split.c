@@ -798,6 +798,46 @@ static int multi_unit(const engine *E, size_t g, size_t *ng, uint64_t *len, int 
     return tps_ckpt_locate(E->ck, rg->src, 0, whole, file, foff);
 }
 
+/* Transposed region g (tps_xform.tr): TROWS tasks of whole rows, each
+ * whole matrices (as many as fit a task's buffer) or a part of one. */
+static tps_err plan_transposed(engine *E, size_t g)
+{
+    const tps_region *rg = &E->L->regions[g];
+    const tps_ctensor *t = &E->ck->t[rg->src];
+    uint64_t n, A, B;
+    tps_tr_dims(t, rg->dim, rg->lo, rg->hi, &n, &A, &B);
+    uint64_t rb = B * (tps_dtype_bits(t->dtype) / 8), total = n * A;
+    if (!region_written(E, g) || !rb || !total) return TPS_OK;
+    if (rb > CHUNK)
+        return tps_fail(E->ctx, TPS_E_ARG, "tensor '%s': a transposed piece's rows of %llu bytes "
+                        "are more than a task moves (%u)", t->name, (unsigned long long)rb,
+                        CHUNK);
+    uint64_t rows = CHUNK / rb;
+    for (uint64_t k = 0; k < total;) {
+        uint64_t e = rows >= A ? k + rows / A * A : k + rows;
+        uint64_t end = rows >= A ? total : (k / A + 1) * A; /* a part stays in its matrix */
+        if (e > end) e = end;
+        TPS_TRY(add_task(E, (task){.kind = TASK_TROWS, .t = rg->src, .g0 = g, .ng = 1, .a = k,
+                                   .b = e}, 1));
+        E->total += (e - k) * rb;
+        k = e;
+    }
+    return TPS_OK;
+}
+
+/* Where byte x of region g lies in its source tensor; *rb the bytes of a
+ * row of its transposed matrices. */
+static uint64_t region_src(const engine *E, size_t g, uint64_t x, uint64_t *rb)
+{
+    const tps_region *rg = &E->L->regions[g];
+    const tps_ctensor *t = &E->ck->t[rg->src];
+    uint64_t outer, row, s, l, n, A, B;
+    tps_region_geom(E->ck, rg, &outer, &row, &s, &l);
+    tps_tr_dims(t, rg->dim, rg->lo, rg->hi, &n, &A, &B);
+    *rb = B * (tps_dtype_bits(t->dtype) / 8);
+    return l ? x / l * row + s + x % l : s;
+}
+
 static tps_err plan_tasks(engine *E)
 {
     const tps_layout *L = E->L;
@@ -828,6 +868,11 @@ static tps_err plan_tasks(engine *E)
                 g += mg;
                 continue;
             }
+        }
+        if (tps_lpiece_tr(L, &L->pieces[rg->primary])) {
+            TPS_TRY(plan_transposed(E, g));
+            g++;
+            continue;
         }
         if (outer == 1 || l == row) {
             /* One run of the source: [s, s + l) of the only row, or whole rows.
@@ -935,6 +980,65 @@ static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, 
     return rc;
 }
 
+/* o = the transpose of the na x nb matrix of es-byte elements at in. */
+static void transpose_tile(char *o, const char *in, uint64_t na, uint64_t nb, size_t es)
+{
+    enum { T = 32 };
+    for (uint64_t a0 = 0; a0 < na; a0 += T)
+        for (uint64_t b0 = 0; b0 < nb; b0 += T) {
+            uint64_t a1 = a0 + T < na ? a0 + T : na, b1 = b0 + T < nb ? b0 + T : nb;
+            for (uint64_t a = a0; a < a1; a++)
+                for (uint64_t b = b0; b < b1; b++) {
+                    const char *x = in + (a * nb + b) * es;
+                    char *y = o + (b * na + a) * es;
+                    switch (es) {
+                    case 2: memcpy(y, x, 2); break;
+                    case 4: memcpy(y, x, 4); break;
+                    case 1: *y = *x; break;
+                    default: memcpy(y, x, es);
+                    }
+                }
+        }
+}
+
+/* A transposed piece (tps_xform.tr): region bytes [off, off + len), whole
+ * rows of its matrices (TROWS and MULTI tasks give them so), each matrix's
+ * rows written as its stored columns: one write for a whole matrix, one a
+ * stored row for a part of one. */
+static tps_err write_transposed(engine *E, size_t pi, const void *buf, size_t len, uint64_t off,
+                                ofile *f, uint64_t at)
+{
+    const tps_layout *L = E->L;
+    const tps_region *g = &L->regions[L->pieces[pi].region];
+    const tps_ctensor *t = &E->ck->t[g->src];
+    uint64_t n, A, B;
+    tps_tr_dims(t, g->dim, g->lo, g->hi, &n, &A, &B);
+    size_t es = tps_dtype_bits(t->dtype) / 8;
+    uint64_t rb = B * es, mat = A * rb;
+    if (!len) return TPS_OK;
+    if (!rb || off % rb || len % rb)
+        return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece must be written "
+                        "in whole rows", f->final, t->name);
+    char *o = tps_xmalloc(len);
+    if (!o) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    const char *in = buf;
+    for (uint64_t k = off / rb, k1 = (off + len) / rb; !rc && k < k1;) {
+        uint64_t m = k / A, a0 = k % A, a1 = A - a0 < k1 - k ? A : a0 + (k1 - k), na = a1 - a0;
+        transpose_tile(o, in + (k * rb - off), na, B, es);
+        if (na == A) {
+            rc = ofile_write(E, f, o, (size_t)mat, at + m * mat);
+        } else {
+            for (uint64_t b = 0; !rc && b < B; b++)
+                rc = ofile_write(E, f, o + b * na * es, (size_t)(na * es),
+                                 at + m * mat + (b * A + a0) * es);
+        }
+        k = m * A + a1;
+    }
+    free(o);
+    return rc;
+}
+
 static void copy_runs(char *m, uint64_t base, uint64_t at, uint64_t run, uint64_t stride,
                       const char *in, uint64_t off, size_t len)
 {
@@ -986,6 +1090,7 @@ static tps_err write_piece(engine *E, size_t pi, const void *buf, size_t len, ui
     const oslot *s = &E->slots[E->piece_rt[pi]];
     ofile *f = &E->files[s->file];
     tps_dtype sd = E->ck->t[E->L->regions[p->region].src].dtype;
+    if (tps_lpiece_tr(E->L, p)) return write_transposed(E, pi, buf, len, off, f, s->off + p->at);
     if (p->xf) return write_refined(E, pi, buf, len, off, f->fd, f->final, s->off + p->at);
     if (p->run) {
         /* concatenated along the last dim: its runs `stride` apart */
@@ -1058,7 +1163,9 @@ static tps_err kcopy_region(engine *E, size_t g, int file, uint64_t foff, uint64
     const tps_cfile *sf = &E->ck->files[file];
     *done = 0;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
-        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd || L->pieces[E->dests[d]].run) return TPS_OK;
+        if (L->rt[E->piece_rt[E->dests[d]]].dtype != sd || L->pieces[E->dests[d]].run ||
+            L->pieces[E->dests[d]].xf)
+            return TPS_OK;
     for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) {
         const tps_lpiece *p = &L->pieces[E->dests[d]];
         const oslot *s = &E->slots[E->piece_rt[E->dests[d]]];
@@ -1191,6 +1298,30 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
         }
         return TPS_OK;
     }
+    if (tk->kind == TASK_TROWS) {
+        /* rows [a, b) of a transposed region in its own byte order (the CRC's),
+         * then written transposed */
+        size_t g = tk->g0;
+        uint64_t rb, outer, row, s, l;
+        region_src(E, g, 0, &rb);
+        uint64_t x0 = tk->a * rb, x1 = tk->b * rb, first = region_src(E, g, x0, &rb);
+        tps_region_geom(ck, &L->regions[g], &outer, &row, &s, &l);
+        for (uint64_t x = x0; x < x1;) {
+            uint64_t w = l ? x % l : 0, m = l && l - w < x1 - x ? l - w : x1 - x;
+            uint64_t so = region_src(E, g, x, &rb);
+            if (src)
+                memcpy(in + (x - x0), src + (so - first), (size_t)m);
+            else
+                TPS_TRY(tps_ckpt_read(ctx, ck, tk->t, so, in + (x - x0), (size_t)m));
+            x += m;
+        }
+        size_t n = (size_t)(x1 - x0);
+        E->crcs[tk->crc0] = (uint32_t)tps_crc32(0, in, n);
+        E->crclen[tk->crc0] = n;
+        for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++)
+            TPS_TRY(write_piece(E, E->dests[d], in, n, x0));
+        return TPS_OK;
+    }
     if (tk->kind == TASK_CONTIG) {
         /* In sub-chunks that stay in L2, so each byte comes from memory once
          * and the CRC reads it cache-hot. From a mapping, the write comes
@@ -1255,6 +1386,13 @@ static int task_range(const engine *E, const task *tk, uint64_t *off, uint64_t *
     if (tk->kind == TASK_CONTIG) {
         *off = tk->src;
         *len = tk->b - tk->a;
+        return 1;
+    }
+    if (tk->kind == TASK_TROWS) {
+        uint64_t rb;
+        region_src(E, tk->g0, 0, &rb);
+        *off = region_src(E, tk->g0, tk->a * rb, &rb);
+        *len = region_src(E, tk->g0, tk->b * rb - 1, &rb) + 1 - *off;
         return 1;
     }
     if (!tk->full_rows) return 0;

@@ -25,7 +25,7 @@ typedef struct {
     uint64_t off;
 } oslot;
 
-typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2, TASK_FUSED = 3 } task_kind;
+typedef enum { TASK_CONTIG = 0, TASK_ROWS = 1, TASK_MULTI = 2, TASK_FUSED = 3, TASK_TROWS = 4 } task_kind;
 
 /* Rank tensors of one name whose pieces are strided (concatenated along
  * their last dim: vLLM's fused GPTQ qweight), every rank's: written by
@@ -46,7 +46,9 @@ typedef struct {
  * slices of each row. MULTI: regions g0 .. g0 + ng of small tensors lying
  * back to back in source file `file` from byte `src` on, b bytes in all,
  * read in one go (a MoE's experts): each region one run of its tensor, or
- * all the regions of a tensor split along a later dim, cut from its bytes. */
+ * all the regions of a tensor split along a later dim, cut from its bytes.
+ * TROWS: rows [a, b) of transposed region g0 (tps_xform.tr; a row is its
+ * last dim), read in the region's order, whole matrices or part of one. */
 typedef struct {
     task_kind kind;
     size_t t;        /* source tensor */

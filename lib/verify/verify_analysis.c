@@ -153,11 +153,13 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
         /* a strided piece's runs too: the holder's shape (an MXFP4 expert's
          * zero tail, the backend's round-up) decides where they lie */
         uint64_t lrun = lp->xf ? 0 : lp->run, lstride = lrun ? tps_piece_stride(lrt, lp) : 0;
+        int ltr = tps_lpiece_tr(L, lp);
         for (int p = 0; p < ct->npieces + ct->nreplicas && !found; p++) {
             const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
             uint64_t prun = pc->rep_n ? 0 : pc->run, pstride = prun ? pc->stride : 0;
             found = pc->rank == lp->rank && (p >= ct->npieces) == rep && pc->at == lp->at &&
                     !strcmp(pc->holder, holder) && prun == lrun && pstride == lstride &&
+                    pc->tr == ltr &&
                     (g->dim < 0 || (pc->lo == g->lo && pc->hi == g->hi));
         }
         if (!found)
@@ -167,7 +169,8 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
                                       V->lay->spec->name, (unsigned long long)g->lo,
                                       (unsigned long long)g->hi, lp->rank, rep ? " (a replica)" : "",
                                       holder, (unsigned long long)lp->at,
-                                      lrun ? " in runs of its bytes" : "")
+                                      lrun ? " in runs of its bytes"
+                                           : ltr ? " transposed" : "")
                        : tps_asprintf("layout %s puts all of it on rank %d as '%s'; the manifest "
                                       "does not",
                                       V->lay->spec->name, lp->rank, holder);

@@ -19,8 +19,12 @@ which shares no code with tpshard:
     caught by check and verify; a manifest naming another backend fails
     verify; --ranks runs of two backends do not join; the layout file given as
     a file writes the same, and its new stack fields are checked;
+  - the vLLM layout of BF16 checkpoints at tp 1, 2, 4 (and an index of parts, and
+    experts of 8 MiB, whose transposed matrices split tasks and reads cut): each
+    expert's rank slice transposed as vllm_ranks says; check, merge, verify;
+    flipped bytes caught; a manifest without its transpose marks fails check;
   - refusals, exit 1 and nothing written: backends that pad the hidden size
-    (naming those that keep it), BF16 experts (vLLM transposes them), biases
+    (naming those that keep it), BF16 experts under --ep, biases
     of the wrong shape or dtype or missing, a stray tensor under the experts,
     --ep, vLLM's head, KV head and intermediate divisibility rules; SGLang
     refuses gpt-oss saying why;
@@ -191,11 +195,22 @@ VMODELS = {
     # hidden 256: Marlin's and TRT-LLM's x256, CUTLASS's x128 leave it as is
     "mxfp4-h256": go.checkpoint(os.path.join(TMP, "mxfp4-h256"), "mxfp4", hidden=256, heads=8,
                                 kv_heads=4, inter=96, seed=13),
+    # BF16 experts, which vLLM holds transposed per expert
+    "bf16-v": go.checkpoint(os.path.join(TMP, "bf16-v"), "bf16", heads=8, kv_heads=4,
+                            inter=160, seed=14),
+    "bf16-v-parts3": go.checkpoint(os.path.join(TMP, "bf16-v-parts3"), "bf16", heads=8,
+                                   kv_heads=4, inter=160, seed=15, parts=3),
+    # an expert's gate_up_proj of 512 x 8192 BF16 (8 MiB): at tp 1 a split task moves part
+    # of one transposed matrix (4 MiB), and check's and merge's reads take parts of one too
+    "bf16-big": go.checkpoint(os.path.join(TMP, "bf16-big"), "bf16", hidden=512, heads=8,
+                              kv_heads=4, inter=4096, experts=2, layers=1, vocab=64, seed=16),
 }
 VCASES = [("mxfp4-v", b, tp) for b in ("triton", "cpu") for tp in (1, 2, 4)]
 VCASES += [("mxfp4-v-parts3", "triton", 2), ("mxfp4-v", "emulation", 2),
            ("mxfp4-v", "triton_unfused", 4), ("mxfp4-h256", "marlin", 2),
            ("mxfp4-h256", "flashinfer_cutlass", 4)]
+VCASES += [("bf16-v", "triton", tp) for tp in (1, 2, 4)]
+VCASES += [("bf16-v-parts3", "triton", 2), ("bf16-big", "triton", 1), ("bf16-big", "triton", 4)]
 
 
 def vsplit(name, backend, tp, *extra):
@@ -220,9 +235,12 @@ for name, backend, tp in VCASES:
     probs = ranktest.rank_file_problems(out, model, want, tp, engine=True)
     report(not probs, f"{label}: every rank file is vLLM 0.33's state (gptoss_oracle.vllm_ranks)",
            "\n".join(probs))
+    mx = "mxfp4" in name
     with open(os.path.join(out, "tpshard.json")) as f:
         mb = json.load(f)["layout"].get("moe_backend")
-    report(mb == backend, f"{label}: the manifest records the MoE backend", f"moe_backend {mb}")
+    report(mb == (backend if mx else None),
+           f"{label}: the manifest records the MoE backend" if mx else
+           f"{label}: the manifest records no MoE backend (BF16 experts)", f"moe_backend {mb}")
     rc, so, se = tps("check", out)
     report(rc == 0, f"{label}: check passes", se)
     m = out + "-merged"
@@ -240,9 +258,10 @@ for name, backend, tp in VCASES:
         rc, so, se = tps("verify", out, "--source", model)
         report(rc == 0 and "verify: PASS" in so, f"{label}: verify --source passes",
                so[-800:] + se)
-        report(re.search(r"^dequant +4 passed, 0 failed", so, re.M) is not None,
-               f"{label}: verify dequantizes every layer's gate_up and down experts on both sides",
-               so[-800:])
+        if mx:
+            report(re.search(r"^dequant +4 passed, 0 failed", so, re.M) is not None,
+                   f"{label}: verify dequantizes every layer's gate_up and down experts on both "
+                   "sides", so[-800:])
 
 # Pipeline stages (--pp 2 at tp 2): GptOssModel builds its embedding and norm, and
 # GptOssForCausalLM its head, on every stage; each stage holds its layer (vLLM's partition of
@@ -350,16 +369,59 @@ for b in ("marlin", "flashinfer_trtllm", "flashinfer_cutlass", "cutlass", "deep_
     report(not probs, f"--layout vllm --moe-backend {b}: refused (it pads hidden_size 64 to {ha}), "
            "naming the backends that work, nothing written", "\n".join(probs) + "\n" + se)
 
-# BF16 experts: vLLM holds each expert's slice transposed, which rank tensors cannot hold yet.
-out = os.path.join(TMP, "bf16-vllm")
-rc, so, se = tps("split", MODELS["bf16"], "--tp", 2, "--layout", "vllm", "-o", out)
-probs = ranktest.refusal_problems(rc, se, out, "model.layers.0.mlp.experts.gate_up_proj",
-                                  "BF16 experts transposed")
-for w in ("transposed", "gpt-oss's BF16 experts", "MXFP4", "--layout dtensor"):
-    if w not in se:
-        probs.append(f"the reason does not say '{w}'")
-report(not probs, "bf16 --layout vllm: refused (vLLM transposes BF16 experts) naming the tensor, "
-       "nothing written", "\n".join(probs) + "\n" + se)
+# BF16 experts, transposed per expert in the rank files: a flipped byte in rank 1's
+# w13_weight, w2_weight (the last byte: the last expert's last stored row) and w13_bias:
+# check and verify fail naming the rank tensor and the source tensor it holds.
+out = os.path.join(TMP, "v-bf16-v-triton-tp2")
+X = "model.layers.0.mlp.experts."
+for k, (victim, named, where) in enumerate([
+        (X + "routed_experts.w13_weight", X + "gate_up_proj", "mid"),
+        (X + "routed_experts.w2_weight", X + "down_proj", "last"),
+        (X + "routed_experts.w13_bias", X + "gate_up_proj_bias", "first")]):
+    bad = f"{out}-flip{k}"
+    shutil.rmtree(bad, ignore_errors=True)
+    shutil.copytree(out, bad)
+    path = glob.glob(os.path.join(bad, "model-rank-1-part-*.safetensors"))[0]
+    with open(path, "rb") as f:
+        raw = bytearray(f.read())
+    n = int.from_bytes(raw[:8], "little")
+    b, e = json.loads(raw[8:8 + n])[victim]["data_offsets"]
+    raw[8 + n + {"mid": (b + e) // 2, "first": b, "last": e - 1}[where]] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(raw)
+    rc, so, se = tps("check", bad)
+    report(rc == 1 and victim in so + se and named in so + se,
+           f"vllm bf16 tp 2: a flipped byte in rank 1's {victim.split('.')[-1]} ({where}): check "
+           f"fails naming it and {named.split('.')[-1]}", so + se)
+    rc, so, se = tps("verify", bad, "--source", VMODELS["bf16-v"])
+    report(rc == 1 and "verify: FAIL" in so, f"vllm bf16 tp 2: the same flipped byte: verify fails",
+           (so + se)[-1500:])
+
+# The manifest says which pieces are transposed: without it the rank files read as they lie,
+# and check no longer matches them.
+bad = out + "-untransposed"
+shutil.rmtree(bad, ignore_errors=True)
+shutil.copytree(out, bad)
+with open(os.path.join(bad, "tpshard.json")) as f:
+    man = f.read()
+ntr = man.count('"transpose": true')
+with open(os.path.join(bad, "tpshard.json"), "w") as f:
+    f.write(man.replace(', "transpose": true', ""))
+rc, so, se = tps("check", bad)
+report(ntr == 8 and rc == 1 and "CRC32" in so + se,
+       "vllm bf16 tp 2: the manifest marks the 8 transposed pieces (2 layers x 2 stacks x 2 "
+       "ranks); without the marks check fails", f"{ntr} marks\n" + so + se)
+with open(os.path.join(bad, "tpshard.json"), "w") as f:
+    f.write(man.replace('"transpose": true', '"transpose": 1', 1))
+rc, so, se = tps("check", bad)
+report(rc == 1 and "transpose" in so + se, "a manifest whose transpose is not true: check fails "
+       "naming it", so + se)
+
+# --ep is refused for BF16 experts as for MXFP4.
+out = os.path.join(TMP, "bf16-vllm-ep")
+rc, so, se = tps("split", VMODELS["bf16-v"], "--tp", 2, "--ep", "--layout", "vllm", "-o", out)
+probs = ranktest.refusal_problems(rc, se, out, "--ep", "BF16 experts --ep")
+report(not probs, "bf16 --layout vllm --ep: refused, nothing written", "\n".join(probs))
 
 # SGLang 0.5.23 keeps refusing gpt-oss, saying why.
 for quant in ("bf16", "mxfp4"):
