@@ -430,6 +430,8 @@ for quant in ("bf16", "mxfp4"):
     probs = ranktest.refusal_problems(rc, se, out, "gpt-oss", "SGLang 0.5.23 gpt-oss refused")
     if "SGLang 0.5.23" not in se:
         probs.append("the reason does not name SGLang 0.5.23")
+    if "triton_kernel" not in se:
+        probs.append("the reason does not say the MoE runner backend decides the BF16 shapes")
     report(not probs, f"{quant} --layout sglang: refused saying why, nothing written",
            "\n".join(probs) + "\n" + se)
 
