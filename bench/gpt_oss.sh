@@ -1,5 +1,6 @@
 #!/bin/sh
-# bench/gpt_oss.sh [SIZE] - gpt-oss MXFP4 checkpoints (bench/gen_gpt_oss.py).
+# bench/gpt_oss.sh [SIZE] - gpt-oss MXFP4 checkpoints (bench/gen_gpt_oss.py);
+# BF16=1: BF16 experts instead (the vLLM layout transposes each expert's slice).
 #
 # 1. A SIZE (default 1G) MXFP4 checkpoint at tp 4, side by side with cp of its
 #    model.safetensors, PAIRS (default 6) alternated rounds, the order rotating:
@@ -16,7 +17,7 @@
 # whether a bar was met.
 #
 # Environment: BENCH_DIR (default /dev/shm/tpshard-bench), PAIRS (6), LAYOUT
-# (vllm), PYTHON (python3), TPSHARD, KEEP.
+# (vllm), BF16 (unset), PYTHON (python3), TPSHARD, KEEP.
 . "$(dirname "$0")/common.sh"
 
 PAIRS=${PAIRS:-6}
@@ -24,9 +25,10 @@ LAYOUT=${LAYOUT:-vllm}
 PYTHON=${PYTHON:-python3}
 SIZE=${1:-1G}
 TP=4
+if [ -n "${BF16:-}" ]; then FMT=BF16; GENOPT=--bf16; else FMT=MXFP4; GENOPT=; fi
 
 bench_setup
-say "# gpt-oss MXFP4: tpshard split --tp $TP vs cp, peak RSS of a 120b-shaped checkpoint"
+say "# gpt-oss $FMT: tpshard split --tp $TP vs cp, peak RSS of a 120b-shaped checkpoint"
 say "machine: $(machine_line)"
 load_line "at start"
 say ""
@@ -44,8 +46,8 @@ OUT=$RUN/out
 COPY=$RUN/copy.safetensors
 want=$(size_bytes "$SIZE")
 have_room $((want * 6)) || die "not enough room in $BENCH_DIR for a $SIZE model and a tp $TP output"
-say "## $SIZE MXFP4 checkpoint, tp $TP"
-gen "$M" --size "$SIZE"
+say "## $SIZE $FMT checkpoint, tp $TP"
+gen "$M" --size "$SIZE" $GENOPT
 BYTES=$GEN_BYTES
 SRC=$M/model.safetensors
 warm "$SRC"
@@ -96,8 +98,8 @@ rm -rf "$M"
 
 # ---------------------------------------------------------------- 2. RSS
 M=$RUN/model-120b-shape
-say "## peak RSS: gpt-oss-120b-shaped (36 layers, 128 experts, hidden 64, intermediate 64)"
-gen "$M" --layers 36 --experts 128 --hidden 64 --inter 64 --vocab 2048 --heads 8 --kv-heads 8 --head-dim 8
+say "## peak RSS: gpt-oss-120b-shaped (36 layers, 128 experts, hidden 64, intermediate 64, $FMT)"
+gen "$M" --layers 36 --experts 128 --hidden 64 --inter 64 --vocab 2048 --heads 8 --kv-heads 8 --head-dim 8 $GENOPT
 warm "$M/model.safetensors"
 for lay in dtensor $LAYOUT; do
 	[ "$lay" = dtensor ] || "$TPSHARD" split "$M" --tp 4 --layout "$lay" -o "$OUT" --dry-run -q \

@@ -83,6 +83,8 @@ import models as em, gptoss_oracle as go
 case("gemma4-moe-fp8-vllm2", "2 vllm", em.MODELS["gemma4-moe-fp8-block"])
 case("gemma4-moe-pe-vllm4", "4 vllm", em.MODELS["gemma4-moe-pe"])
 case("gptoss-mxfp4-vllm4", "4 vllm", em.MODELS["gpt_oss-mxfp4"])
+# gpt-oss's BF16 experts, each expert's rank slice transposed in the rank files
+case("gptoss-bf16-vllm2", "2 vllm", em.MODELS["gpt_oss"])
 PY
 )
 ls -l "$out"
