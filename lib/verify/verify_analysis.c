@@ -542,6 +542,15 @@ void tps_va_classify(vctx *V, vunit *u, const style_ent *se, size_t nse)
     }
 }
 
+int tps_va_serves(const tps_ckpt *ck, int rank, const char *name)
+{
+    int layer = tps_layer_of_name(name);
+    if (ck->pp <= 1 || layer < 0 || ck->tp <= 0) return 1;
+    int s = rank / ck->tp;
+    return s < ck->pp && layer >= ck->stage_first[s] &&
+           layer < ck->stage_first[s] + ck->stage_layers[s];
+}
+
 /* Bias: must pair with the weight (colwise: Shard(0); rowwise: Replicate),
  * be complete and float. NULL ok, else the reason. */
 char *tps_va_check_bias(vctx *V, vunit *u)
@@ -558,9 +567,10 @@ char *tps_va_check_bias(vctx *V, vunit *u)
     if (!tps_va_numeric_dtype(b->dtype)) return tps_asprintf("bias %s is not a float dtype", b->name);
     u->bias_si = tps_ckpt_find(V->src, b->name);
     if (u->bias_si < 0) return tps_asprintf("bias %s is not in the source", b->name);
-    if (want < 0) { /* rowwise: rank 0's copy is added once after the reduction */
+    if (want < 0) { /* rowwise: tp rank 0's copy (its stage's) is added once after the reduction */
+        int tp = V->ck->tp > 0 ? V->ck->tp : 1;
         for (int p = 0; p < b->npieces; p++)
-            if (b->pieces[p].rank == 0) return NULL;
+            if (b->pieces[p].rank % tp == 0) return NULL;
         return tps_asprintf("bias %s lacks rank 0", b->name);
     }
     /* colwise: every rank holds the bias rows of its weight rows, as its own

@@ -59,9 +59,9 @@ static tps_err add_bias(vctx *V, vunit *u, vjob *J)
             TPS_CHECK(tps_vs_read_f32(V, V->ck, u->bias, p, pc->hi - pc->lo, bsh + pc->lo));
         }
     } else {
-        int p0 = 0;
+        int p0 = 0, tp = V->ck->tp > 0 ? V->ck->tp : 1; /* tp rank 0 of the stage holding it */
         for (int p = 0; p < b->npieces; p++)
-            if (b->pieces[p].rank == 0) p0 = p;
+            if (b->pieces[p].rank % tp == 0) p0 = p;
         TPS_CHECK(tps_vs_read_f32(V, V->ck, u->bias, p0, out, bsh));
     }
     for (size_t i = 0; i < (size_t)J->nb; i++)

@@ -221,6 +221,9 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u);
 tps_err tps_va_analyze_unit(vctx *V, vunit *u);
 void tps_va_classify(vctx *V, vunit *u, const style_ent *se, size_t nse);
 char *tps_va_check_bias(vctx *V, vunit *u);
+/* Does worker `rank` hold what its stage holds of tensor `name` (always
+ * without pipeline stages; a layer's tensor only on its stage's ranks)? */
+int tps_va_serves(const tps_ckpt *ck, int rank, const char *name);
 vblock *tps_va_add_block(vctx *V);
 vunit *tps_va_unit_by_name(vctx *V, const char *prefix, const char *suffix);
 const char *tps_va_short_name(const vunit *u);

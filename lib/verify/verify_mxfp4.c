@@ -263,7 +263,7 @@ static tps_err check_gate_up(vctx *V, const proj *P, uint64_t *seed)
     tps_err rc = bufs_get(&BR, nblk) && bufs_get(&BS, nblk) ? TPS_OK
                  : tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
     for (int r = 0; !rc && !note && r < V->tp; r++) {
-        if (V->local && !V->local[r]) continue;
+        if ((V->local && !V->local[r]) || !tps_va_serves(V->ck, r, sw->name)) continue;
         side R = S;
         R.ck = NULL;
         if (!find_held(V->ck, r, P->hw, &R.hw) || !find_held(V->ck, r, P->hs, &R.hs) ||
@@ -342,7 +342,7 @@ static tps_err check_down(vctx *V, const proj *P, uint64_t *seed)
                      : tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
     if (!rc) seeded(seed, z, NX * I);
     for (int r = 0; !rc && !note && r < V->tp; r++) {
-        if (V->local && !V->local[r]) continue;
+        if ((V->local && !V->local[r]) || !tps_va_serves(V->ck, r, sw->name)) continue;
         side R = S;
         R.ck = NULL;
         if (!find_held(V->ck, r, P->hw, &R.hw) || !find_held(V->ck, r, P->hs, &R.hs) ||
@@ -382,7 +382,8 @@ static tps_err check_down(vctx *V, const proj *P, uint64_t *seed)
             /* the biases alone: no blocks, the bias added */
             for (int k = 0; !rc && k < 6; k++) memset(y[k], 0, (size_t)(H * NX) * sizeof(double));
             if (!rc) rc = side_products(ctx, &R, &BR, e, 0, H, 0, 0, NULL, 0, 1, yr, mr);
-            if (!rc && r == 0) rc = side_products(ctx, &S, &BS, e, 0, H, 0, 0, NULL, 0, 1, ys, ms);
+            if (!rc && r % (V->ck->tp > 0 ? V->ck->tp : 1) == 0) /* its stage's tp rank 0 */
+                rc = side_products(ctx, &S, &BS, e, 0, H, 0, 0, NULL, 0, 1, ys, ms);
             for (uint64_t k = 0; !rc && k < H * NX; k += NX) compare(&T, yr[k], ys[k], 0, 0);
         }
     }

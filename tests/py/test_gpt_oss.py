@@ -284,6 +284,18 @@ for st in range(2 if rc == 0 else 0):
         probs += ranktest.compare(mine, got, f"stage {st} rank {r}")
 report(not probs, "--layout vllm --tp 2 --pp 2: every stage holds its layer and the embedding, "
        "norm and head (vllm_ranks per stage)", "\n".join(probs))
+# verify with stages: each stage's ranks hold their layer's experts and o_proj (its bias on the
+# stage's tp rank 0, worker 2 for stage 1), MXFP4 and BF16 alike
+for name in ("mxfp4-v", "bf16-v"):
+    o = os.path.join(TMP, f"v-pp2-verify-{name}")
+    rc, so, se = tps("split", VMODELS[name], "--tp", 2, "--pp", 2, "--layout", "vllm", "-o", o,
+                     "-q")
+    if rc == 0:
+        rc, so, se = tps("verify", o, "--source", VMODELS[name])
+    report(rc == 0 and "verify: PASS" in so and
+           (name != "mxfp4-v" or re.search(r"^dequant +4 passed, 0 failed", so, re.M)),
+           f"{name} --layout vllm --tp 2 --pp 2: verify --source passes (the experts and the "
+           "row-parallel biases of stage 1 on workers 2 and 3)", so[-1200:] + se)
 
 # Flipped bytes in the cpu backend's tp 4 output: a real byte of an expert (rank 1's
 # w13_weight), a scale, and a byte of a zero tail (rank 2's w13_weight ends in one) and of
