@@ -1579,10 +1579,12 @@ static tps_err write_constants(engine *E)
             unsigned char el[8], pat[4096];
             size_t es = tps_dtype_bits(rt->dtype) / 8;
             tps_encode_value(rt->dtype, p->value, el);
-            for (size_t b = 0; b < sizeof pat; b++) pat[b] = el[b % es];
             ofile *f = &E->files[E->slots[k].file];
             /* in runs `stride` apart (a pad piece beside other parts), or one */
             uint64_t run = p->run ? p->run : p->nbytes, stride = p->run ? tps_piece_stride(rt, p) : 0;
+            /* the pattern as long as a write takes (most are one 0-dim scale) */
+            size_t fill = run < sizeof pat ? (size_t)run : sizeof pat;
+            for (size_t b = 0; b < fill; b += es) memcpy(pat + b, el, es);
             for (uint64_t r0 = 0; run && r0 < p->nbytes; r0 += run) {
                 uint64_t at = E->slots[k].off + p->at + r0 / run * stride;
                 for (uint64_t a = 0; a < run; a += sizeof pat) {
