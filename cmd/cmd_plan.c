@@ -261,12 +261,19 @@ static void pieces_desc(const tps_layout *L, int r, size_t k, size_t npieces, ch
         tps_layout_rank_piece(L, r, k, j, &p);
         const char *sep = j ? " + " : "";
         if (!strcmp(p.kind, "source")) {
-            if (p.dim < 0)
+            if (p.dim < 0) {
                 o += (size_t)snprintf(buf + o, len - o, "%s%s", sep, p.source);
-            else
-                o += (size_t)snprintf(buf + o, len - o, "%s%s%s[%llu:%llu)", sep, p.source,
-                                      p.dim ? "[:]" : "", (unsigned long long)p.lo,
-                                      (unsigned long long)p.hi);
+            } else {
+                /* [:] for each dim before the cut one */
+                o += (size_t)snprintf(buf + o, len - o, "%s%s", sep, p.source);
+                for (int d = 0; d < p.dim && o < len; d++)
+                    o += (size_t)snprintf(buf + o, len - o, "[:]");
+                if (o < len)
+                    o += (size_t)snprintf(buf + o, len - o, "[%llu:%llu)", (unsigned long long)p.lo,
+                                          (unsigned long long)p.hi);
+            }
+            if (p.transposed && o < len)
+                o += (size_t)snprintf(buf + o, len - o, " transposed per matrix");
         } else if (!strcmp(p.kind, "zeros")) {
             char h[32];
             o += (size_t)snprintf(buf + o, len - o, "%szeros (%s)", sep, cli_human(p.nbytes, h, sizeof h));

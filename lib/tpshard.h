@@ -386,6 +386,7 @@ typedef struct {
     uint64_t lo, hi;
     int replica;        /* source: a copy of bytes another rank holds as well */
     double value;       /* constant: every element */
+    int transposed;     /* source: held with the region's last two dims swapped */
 } tps_piece_view;
 
 size_t tps_layout_rank_tensor_count(const tps_layout *L, int rank);

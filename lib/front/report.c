@@ -407,6 +407,7 @@ static void json_rank_tensors(jw *w, const tps_layout *L)
                         jw_kuint(w, "hi", p.hi);
                     }
                     jw_kbool(w, "replica", p.replica);
+                    if (p.transposed) jw_kbool(w, "transposed", 1);
                 }
                 if (!strcmp(p.kind, "constant")) jw_knum(w, "value", p.value);
                 jw_end(w);

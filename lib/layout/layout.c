@@ -715,6 +715,7 @@ void tps_layout_rank_piece(const tps_layout *L, int rank, size_t i, size_t k, tp
         v->lo = g->lo;
         v->hi = g->hi;
         v->replica = p->replica;
+        v->transposed = tps_lpiece_tr(L, p);
         break;
     }
     case TPS_PK_ZERO: v->kind = "zeros"; v->dim = -1; break;

@@ -43,6 +43,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gptoss_oracle as go  # noqa: E402
+import jsonlog  # noqa: E402
 import ranktest  # noqa: E402
 from ranktest import report  # noqa: E402
 import safetensors  # noqa: E402
@@ -55,6 +56,7 @@ os.makedirs(TMP)
 
 def tps(*args):
     p = subprocess.run([TPSHARD, *map(str, args)], capture_output=True, text=True, timeout=300)
+    jsonlog.save(args, p)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -428,6 +430,26 @@ with open(os.path.join(bad, "tpshard.json"), "w") as f:
 rc, so, se = tps("check", bad)
 report(rc == 1 and "transpose" in so + se, "a manifest whose transpose is not true: check fails "
        "naming it", so + se)
+
+# plan says which pieces are transposed: text and --json (the schema's optional field).
+rc, so, se = tps("plan", VMODELS["bf16-v"], "--tp", 2, "--layout", "vllm", "--json")
+tr, other = set(), 0
+try:
+    for rt in json.loads(so)["rank_tensors"]:
+        for pc in rt["pieces"]:
+            if pc.get("transposed"):
+                tr.add(rt["name"].split(".")[-1])
+            elif "transposed" in pc:
+                other += 1
+except (ValueError, KeyError) as e:
+    tr = {f"unreadable: {e}"}
+report(rc == 0 and tr == {"w13_weight", "w2_weight"} and not other,
+       "plan --json: the w13_weight and w2_weight pieces, only they, say transposed",
+       f"{tr} {other}\n" + se)
+rc, so, se = tps("plan", VMODELS["bf16-v"], "--tp", 2, "--layout", "vllm")
+line = next((l for l in so.splitlines() if "routed_experts.w13_weight " in l), "")
+report(rc == 0 and "gate_up_proj[:][:][0:160) transposed per matrix" in line,
+       "plan: rank 0's w13_weight is gate_up_proj[:][:][0:160) transposed per matrix", line)
 
 # --ep is refused for BF16 experts as for MXFP4.
 out = os.path.join(TMP, "bf16-vllm-ep")
