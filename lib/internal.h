@@ -234,6 +234,12 @@ int tps_to_f32(tps_dtype d, const void *src, float *dst, size_t n);
  * from a widening: a rank file changed after the split). */
 int tps_cast_ok(tps_dtype d);
 void tps_widen_f32(tps_dtype d, const void *src, void *dst, size_t n);
+/* out = the transpose of in: in has `rows` rows of `cols` elements of es
+ * bytes, `ist` bytes apart; out gets `cols` rows of `rows`, `ost` apart
+ * (transposed pieces: gpt-oss's BF16 experts). 2-byte elements go in 8 x 8
+ * SSE2 blocks where the machine has them. */
+void tps_transpose(void *out, size_t ost, const void *in, size_t ist, uint64_t rows,
+                   uint64_t cols, size_t es);
 int tps_narrow_f32(tps_dtype d, const void *src, void *dst, size_t n, size_t *bad);
 
 /* ------------------------------------------------------------------ safetensors */

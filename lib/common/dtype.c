@@ -3,6 +3,9 @@
 
 #include <math.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 /* Order is the safetensors enum order, which is also increasing alignment. */
 static const struct {
@@ -269,4 +272,82 @@ int tps_narrow_f32(tps_dtype d, const void *src, void *dst, size_t n, size_t *ba
         }
     }
     return 0;
+}
+
+/* One element at a time, in 32 x 32 blocks (rows of in and of out both
+ * stay in cache across a block). */
+static void transpose_scalar(char *out, size_t ost, const char *in, size_t ist, uint64_t r0,
+                             uint64_t r1, uint64_t c0, uint64_t c1, size_t es)
+{
+    enum { T = 32 };
+    for (uint64_t a0 = r0; a0 < r1; a0 += T)
+        for (uint64_t b0 = c0; b0 < c1; b0 += T) {
+            uint64_t a1 = a0 + T < r1 ? a0 + T : r1, b1 = b0 + T < c1 ? b0 + T : c1;
+            for (uint64_t a = a0; a < a1; a++)
+                for (uint64_t b = b0; b < b1; b++) {
+                    const char *x = in + a * ist + b * es;
+                    char *y = out + b * ost + a * es;
+                    switch (es) {
+                    case 1: *y = *x; break;
+                    case 2: memcpy(y, x, 2); break;
+                    case 4: memcpy(y, x, 4); break;
+                    default: memcpy(y, x, es);
+                    }
+                }
+        }
+}
+
+#ifdef __SSE2__
+/* rows a..a+7 of in (8 x 16 bytes) as columns of out */
+static inline void tr8x8_u16(char *out, size_t ost, const char *in, size_t ist)
+{
+    __m128i r0 = _mm_loadu_si128((const __m128i *)(const void *)(in + 0 * ist));
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(const void *)(in + 1 * ist));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(const void *)(in + 2 * ist));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(const void *)(in + 3 * ist));
+    __m128i r4 = _mm_loadu_si128((const __m128i *)(const void *)(in + 4 * ist));
+    __m128i r5 = _mm_loadu_si128((const __m128i *)(const void *)(in + 5 * ist));
+    __m128i r6 = _mm_loadu_si128((const __m128i *)(const void *)(in + 6 * ist));
+    __m128i r7 = _mm_loadu_si128((const __m128i *)(const void *)(in + 7 * ist));
+    __m128i t0 = _mm_unpacklo_epi16(r0, r1), t1 = _mm_unpackhi_epi16(r0, r1);
+    __m128i t2 = _mm_unpacklo_epi16(r2, r3), t3 = _mm_unpackhi_epi16(r2, r3);
+    __m128i t4 = _mm_unpacklo_epi16(r4, r5), t5 = _mm_unpackhi_epi16(r4, r5);
+    __m128i t6 = _mm_unpacklo_epi16(r6, r7), t7 = _mm_unpackhi_epi16(r6, r7);
+    __m128i u0 = _mm_unpacklo_epi32(t0, t2), u1 = _mm_unpackhi_epi32(t0, t2);
+    __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
+    __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
+    __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
+    _mm_storeu_si128((__m128i *)(void *)(out + 0 * ost), _mm_unpacklo_epi64(u0, u4));
+    _mm_storeu_si128((__m128i *)(void *)(out + 1 * ost), _mm_unpackhi_epi64(u0, u4));
+    _mm_storeu_si128((__m128i *)(void *)(out + 2 * ost), _mm_unpacklo_epi64(u1, u5));
+    _mm_storeu_si128((__m128i *)(void *)(out + 3 * ost), _mm_unpackhi_epi64(u1, u5));
+    _mm_storeu_si128((__m128i *)(void *)(out + 4 * ost), _mm_unpacklo_epi64(u2, u6));
+    _mm_storeu_si128((__m128i *)(void *)(out + 5 * ost), _mm_unpackhi_epi64(u2, u6));
+    _mm_storeu_si128((__m128i *)(void *)(out + 6 * ost), _mm_unpacklo_epi64(u3, u7));
+    _mm_storeu_si128((__m128i *)(void *)(out + 7 * ost), _mm_unpackhi_epi64(u3, u7));
+}
+#endif
+
+void tps_transpose(void *out_, size_t ost, const void *in_, size_t ist, uint64_t rows,
+                   uint64_t cols, size_t es)
+{
+    char *out = out_;
+    const char *in = in_;
+#ifdef __SSE2__
+    if (es == 2 && rows >= 8 && cols >= 8) {
+        enum { T = 64 }; /* 64 x 64 blocks of 8 x 8 ones */
+        uint64_t r8 = rows / 8 * 8, c8 = cols / 8 * 8;
+        for (uint64_t a0 = 0; a0 < r8; a0 += T)
+            for (uint64_t b0 = 0; b0 < c8; b0 += T) {
+                uint64_t a1 = a0 + T < r8 ? a0 + T : r8, b1 = b0 + T < c8 ? b0 + T : c8;
+                for (uint64_t a = a0; a < a1; a += 8)
+                    for (uint64_t b = b0; b < b1; b += 8)
+                        tr8x8_u16(out + b * ost + a * 2, ost, in + a * ist + b * 2, ist);
+            }
+        transpose_scalar(out, ost, in, ist, r8, rows, 0, cols, es); /* the last rows */
+        transpose_scalar(out, ost, in, ist, 0, r8, c8, cols, es);   /* the last columns */
+        return;
+    }
+#endif
+    transpose_scalar(out, ost, in, ist, 0, rows, 0, cols, es);
 }

@@ -468,13 +468,24 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
                     rc = tps_pread_full(ctx, f->fd, f->path, tmp + (b - b0) * span, (size_t)span,
                                         base + (b * A + ra0) * es);
             if (rc) break;
-            for (uint64_t b = b0; b < b1; b++)
-                for (uint64_t a = ra0; a < ra1; a++) {
+            /* rows a whole in the request: their columns [b0, b1) in one transpose;
+             * a partial first or last row element by element */
+            uint64_t f0 = (e - m * A * B + B - 1) / B, f1 = (end - m * A * B) / B;
+            if (f0 < ra0) f0 = ra0;
+            if (f1 > ra1) f1 = ra1;
+            if (f0 < f1)
+                tps_transpose(out + ((m * A * B + f0 * B + b0) - off / es) * es, (size_t)(B * es),
+                              tmp + (whole ? f0 : f0 - ra0) * es, (size_t)span, b1 - b0, f1 - f0,
+                              es);
+            for (uint64_t a = ra0; a < ra1; a++) {
+                if (a >= f0 && a < f1) continue;
+                for (uint64_t b = b0; b < b1; b++) {
                     uint64_t x = m * A * B + a * B + b;
-                    if (x < e || x >= end) continue; /* a partial first or last row */
+                    if (x < e || x >= end) continue;
                     memcpy(out + (x - off / es) * es,
                            tmp + ((b - b0) * span + (whole ? a : a - ra0) * es), es);
                 }
+            }
         }
         e = end;
     }

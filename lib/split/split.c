@@ -980,52 +980,47 @@ static tps_err write_refined(engine *E, size_t pi, const void *buf, size_t len, 
     return rc;
 }
 
-/* o = the transpose of the na x nb matrix of es-byte elements at in. */
-static void transpose_tile(char *o, const char *in, uint64_t na, uint64_t nb, size_t es)
-{
-    enum { T = 32 };
-    for (uint64_t a0 = 0; a0 < na; a0 += T)
-        for (uint64_t b0 = 0; b0 < nb; b0 += T) {
-            uint64_t a1 = a0 + T < na ? a0 + T : na, b1 = b0 + T < nb ? b0 + T : nb;
-            for (uint64_t a = a0; a < a1; a++)
-                for (uint64_t b = b0; b < b1; b++) {
-                    const char *x = in + (a * nb + b) * es;
-                    char *y = o + (b * na + a) * es;
-                    switch (es) {
-                    case 2: memcpy(y, x, 2); break;
-                    case 4: memcpy(y, x, 4); break;
-                    case 1: *y = *x; break;
-                    default: memcpy(y, x, es);
-                    }
-                }
-        }
-}
-
-/* A transposed piece (tps_xform.tr): region bytes [off, off + len), whole
- * rows of its matrices (TROWS and MULTI tasks give them so), each matrix's
- * rows written as its stored columns: one write for a whole matrix, one a
- * stored row for a part of one. */
-static tps_err write_transposed(engine *E, size_t pi, const void *buf, size_t len, uint64_t off,
-                                ofile *f, uint64_t at)
+/* A transposed piece (tps_xform.tr): rows [k0, k1) of its region (a row is
+ * the region's last dim), each matrix's rows written as its stored columns:
+ * one write for a whole matrix, one a stored row for a part of one. The rows
+ * are in buf back to back, or (map, buf NULL) in the source's mapping of
+ * bytes from source byte `first` on, a matrix's rows `ist` bytes apart
+ * (tr_stride). scratch: a task's buffer of (k1 - k0) rows, or NULL. */
+static tps_err write_tr_rows(engine *E, size_t pi, const char *buf, const char *map,
+                             uint64_t first, size_t ist, uint64_t k0, uint64_t k1, char *scratch,
+                             uint32_t *crc, ofile *f, uint64_t at)
 {
     const tps_layout *L = E->L;
-    const tps_region *g = &L->regions[L->pieces[pi].region];
-    const tps_ctensor *t = &E->ck->t[g->src];
+    size_t g = L->pieces[pi].region;
+    const tps_region *rg = &L->regions[g];
+    const tps_ctensor *t = &E->ck->t[rg->src];
     uint64_t n, A, B;
-    tps_tr_dims(t, g->dim, g->lo, g->hi, &n, &A, &B);
+    tps_tr_dims(t, rg->dim, rg->lo, rg->hi, &n, &A, &B);
     size_t es = tps_dtype_bits(t->dtype) / 8;
     uint64_t rb = B * es, mat = A * rb;
-    if (!len) return TPS_OK;
-    if (!rb || off % rb || len % rb)
-        return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece must be written "
-                        "in whole rows", f->final, t->name);
-    char *o = tps_xmalloc(len);
+    if (k0 >= k1) return TPS_OK;
+    char *o = scratch ? scratch : tps_xmalloc((size_t)((k1 - k0) * rb));
     if (!o) return tps_fail(E->ctx, TPS_E_NOMEM, "out of memory");
     tps_err rc = TPS_OK;
-    const char *in = buf;
-    for (uint64_t k = off / rb, k1 = (off + len) / rb; !rc && k < k1;) {
+    for (uint64_t k = k0; !rc && k < k1;) {
         uint64_t m = k / A, a0 = k % A, a1 = A - a0 < k1 - k ? A : a0 + (k1 - k), na = a1 - a0;
-        transpose_tile(o, in + (k * rb - off), na, B, es);
+        const char *rows;
+        size_t step = (size_t)rb;
+        if (map) {
+            uint64_t unused;
+            rows = map + (region_src(E, g, k * rb, &unused) - first);
+            step = ist;
+        } else {
+            rows = buf + (k - k0) * rb;
+        }
+        /* 64 rows at a time: the CRC (crc: of the rows in order) reads them into
+         * cache, the transpose finds them there */
+        for (uint64_t r = 0; r < na; r += 64) {
+            uint64_t nr = na - r < 64 ? na - r : 64;
+            for (uint64_t q = 0; crc && q < nr; q++)
+                *crc = tps_crc32(*crc, rows + (r + q) * step, (size_t)rb);
+            tps_transpose(o + r * es, (size_t)(na * es), rows + r * step, step, nr, B, es);
+        }
         if (na == A) {
             rc = ofile_write(E, f, o, (size_t)mat, at + m * mat);
         } else {
@@ -1035,8 +1030,41 @@ static tps_err write_transposed(engine *E, size_t pi, const void *buf, size_t le
         }
         k = m * A + a1;
     }
-    free(o);
+    if (!scratch) free(o);
     return rc;
+}
+
+/* Region bytes [off, off + len) of transposed piece pi, back to back in buf:
+ * whole rows (TROWS and MULTI tasks give them so). */
+static tps_err write_transposed(engine *E, size_t pi, const void *buf, size_t len, uint64_t off,
+                                ofile *f, uint64_t at)
+{
+    const tps_region *g = &E->L->regions[E->L->pieces[pi].region];
+    const tps_ctensor *t = &E->ck->t[g->src];
+    uint64_t rb;
+    region_src(E, E->L->pieces[pi].region, 0, &rb);
+    if (!len) return TPS_OK;
+    if (!rb || off % rb || len % rb)
+        return tps_fail(E->ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece must be written "
+                        "in whole rows", f->final, t->name);
+    return write_tr_rows(E, pi, buf, NULL, 0, 0, off / rb, (off + len) / rb, NULL, NULL, f, at);
+}
+
+/* The bytes between a matrix's consecutive rows in the source of transposed
+ * region g: the source's row (a cut along the last dim: a region row each
+ * source row) or the region row itself (a matrix's rows back to back within
+ * one outer slice); 0 when neither holds (then rows are copied first). */
+static size_t tr_stride(const engine *E, size_t g)
+{
+    const tps_region *rg = &E->L->regions[g];
+    const tps_ctensor *t = &E->ck->t[rg->src];
+    uint64_t outer, row, s, l, n, A, B, rb;
+    tps_region_geom(E->ck, rg, &outer, &row, &s, &l);
+    tps_tr_dims(t, rg->dim, rg->lo, rg->hi, &n, &A, &B);
+    rb = B * (tps_dtype_bits(t->dtype) / 8);
+    if (l == rb) return (size_t)row;
+    if (A && rb && l % (A * rb) == 0) return (size_t)rb;
+    return 0;
 }
 
 static void copy_runs(char *m, uint64_t base, uint64_t at, uint64_t run, uint64_t stride,
@@ -1306,6 +1334,22 @@ static tps_err run_task_on(engine *E, const task *tk, const char *src, const cha
         region_src(E, g, 0, &rb);
         uint64_t x0 = tk->a * rb, x1 = tk->b * rb, first = region_src(E, g, x0, &rb);
         tps_region_geom(ck, &L->regions[g], &outer, &row, &s, &l);
+        size_t ist = src ? tr_stride(E, g) : 0;
+        if (ist) {
+            /* from the mapping: the CRC over the rows in place, each rank's
+             * transpose straight from them into `out` (no copy first) */
+            uint32_t crc = 0;
+            for (size_t d = E->dest0[g]; d < E->dest0[g + 1]; d++) {
+                size_t pi = E->dests[d];
+                const oslot *os = &E->slots[E->piece_rt[pi]];
+                TPS_TRY(write_tr_rows(E, pi, NULL, src, first, ist, tk->a, tk->b, out,
+                                      d == E->dest0[g] ? &crc : NULL, &E->files[os->file],
+                                      os->off + L->pieces[pi].at));
+            }
+            E->crcs[tk->crc0] = crc;
+            E->crclen[tk->crc0] = x1 - x0;
+            return TPS_OK;
+        }
         for (uint64_t x = x0; x < x1;) {
             uint64_t w = l ? x % l : 0, m = l && l - w < x1 - x ? l - w : x1 - x;
             uint64_t so = region_src(E, g, x, &rb);

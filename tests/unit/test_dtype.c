@@ -59,8 +59,40 @@ static void narrow_refuses_what_no_widening_makes(void)
           !tps_cast_ok(TPS_F64) && !tps_cast_ok(TPS_I32));
 }
 
+/* tps_transpose against the definition, element by element: every element
+ * size, shapes on and off the 8 x 8 blocks (2-byte elements take them),
+ * strides wider than a row (a matrix inside a larger one), and the bytes
+ * around the output left alone. */
+static void transpose_matches_the_definition(void)
+{
+    static const uint64_t dims[] = {1, 3, 7, 8, 9, 16, 63, 64, 65, 130};
+    static const size_t sizes[] = {1, 2, 4, 8};
+    int bad = 0;
+    for (size_t si = 0; si < 4; si++)
+        for (size_t i = 0; i < 10; i++)
+            for (size_t j = 0; j < 10; j++) {
+                size_t es = sizes[si];
+                uint64_t R = dims[i], Cn = dims[j];
+                size_t ist = (size_t)(Cn + 5) * es, ost = (size_t)(R + 3) * es;
+                unsigned char *in = malloc(R * ist), *out = malloc(Cn * ost + 16);
+                for (size_t k = 0; k < R * ist; k++) in[k] = (unsigned char)(k * 131 + 7);
+                memset(out, 0xAB, Cn * ost + 16);
+                tps_transpose(out, ost, in, ist, R, Cn, es);
+                for (uint64_t c = 0; c < Cn; c++)
+                    for (uint64_t r = 0; r < R; r++)
+                        bad |= memcmp(out + c * ost + r * es, in + r * ist + c * es, es) != 0;
+                for (uint64_t c = 0; c < Cn; c++) /* each out row's padding is untouched */
+                    for (size_t b = (size_t)R * es; b < ost; b++) bad |= out[c * ost + b] != 0xAB;
+                for (size_t b = Cn * ost; b < Cn * ost + 16; b++) bad |= out[b] != 0xAB;
+                free(in);
+                free(out);
+            }
+    CHECK(!bad);
+}
+
 int main(void)
 {
+    RUN(transpose_matches_the_definition);
     RUN(widen_narrow_roundtrip_every_value);
     RUN(narrow_refuses_what_no_widening_makes);
     TEST_EXIT();
