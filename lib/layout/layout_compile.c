@@ -148,6 +148,11 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
     int fresh = 0;
     TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
     if (fresh) L->regions[g].primary = L->npieces;
+    else if (tps_lpiece_tr(L, &L->pieces[L->regions[g].primary]))
+        return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': rows [%llu, %llu) are a transposed "
+                        "piece on one rank and would be another piece on rank %d",
+                        C->ck->t[src].name, (unsigned long long)lo, (unsigned long long)hi,
+                        r->rank);
     C->used[src] = 1;
     uint32_t xf = 0;
     if (x) {

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -420,11 +421,118 @@ static tps_err read_refined(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor 
     return rc;
 }
 
+/* Region elements [e, end) of matrix m of transposed piece p (A rows of B
+ * elements of es bytes; stored as B rows of A) into dst: the stored rows a
+ * batch at a time (tmp: TR_BATCH bytes), each request's stored columns
+ * only when they are few, whole stored rows when they are most of one. */
+#define TR_BATCH (4u << 20)
+static tps_err tr_segment(tps_ctx *ctx, const tps_cfile *f, const tps_ctensor *t,
+                          const tps_piece *p, uint64_t A, uint64_t B, size_t es, uint64_t m,
+                          uint64_t e, uint64_t end, char *dst, char *tmp)
+{
+    uint64_t in = e - m * A * B, ra0 = in / B, ra1 = (end - 1 - m * A * B) / B + 1;
+    uint64_t na = ra1 - ra0, colb = na * es, base = p->off + m * A * B * es;
+    int whole = colb * 2 >= A * es;
+    uint64_t span = whole ? A * es : colb, per = TR_BATCH / span ? TR_BATCH / span : 1;
+    if (span > TR_BATCH)
+        return tps_fail(ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece's stored rows of "
+                        "%llu bytes are more than a read takes", f->path, t->name,
+                        (unsigned long long)span);
+    /* rows a whole in [e, end): their columns of each batch in one transpose;
+     * a partial first or last row element by element */
+    uint64_t f0 = (in + B - 1) / B, f1 = (end - m * A * B) / B;
+    if (f0 < ra0) f0 = ra0;
+    if (f1 > ra1) f1 = ra1;
+    for (uint64_t b0 = 0; b0 < B; b0 += per) {
+        uint64_t b1 = b0 + per < B ? b0 + per : B;
+        if (whole)
+            TPS_TRY(tps_pread_full(ctx, f->fd, f->path, tmp, (size_t)((b1 - b0) * span),
+                                   base + b0 * A * es));
+        else
+            for (uint64_t b = b0; b < b1; b++)
+                TPS_TRY(tps_pread_full(ctx, f->fd, f->path, tmp + (b - b0) * span, (size_t)span,
+                                       base + (b * A + ra0) * es));
+        if (f0 < f1)
+            tps_transpose(dst + ((f0 * B + b0) - in) * es, (size_t)(B * es),
+                          tmp + (whole ? f0 : f0 - ra0) * es, (size_t)span, b1 - b0, f1 - f0, es);
+        for (uint64_t a = ra0; a < ra1; a++) {
+            if (a >= f0 && a < f1) continue;
+            for (uint64_t b = b0; b < b1; b++) {
+                uint64_t x = a * B + b;
+                if (x < in || x >= end - m * A * B) continue;
+                memcpy(dst + (x - in) * es, tmp + ((b - b0) * span + (whole ? a : a - ra0) * es),
+                       es);
+            }
+        }
+    }
+    return TPS_OK;
+}
+
+/* A band of a transposed matrix in the region's order: the rows [a0, a1)
+ * of the matrix at byte `base` of the file at `path` as it was (size,
+ * mtime). Reads of a few rows at a time (merge and reshard read a tensor cut
+ * along its last dim a row at a time, each rank's piece of the row in turn)
+ * would each read a stored column, an element from every stored row; a band
+ * of TR_BAND bytes is read once and serves the rows after it. A thread keeps
+ * TR_SLOTS of them, one per piece a row's reads go round (tp of them),
+ * replaced in turn. */
+#define TR_BAND (1u << 20)
+#define TR_SLOTS 16
+typedef struct {
+    char *path;
+    uint64_t size;
+    int64_t mtime_s, mtime_ns;
+    uint64_t base, a0, a1;
+    char *buf;
+    size_t cap;
+} tr_band;
+typedef struct {
+    tr_band b[TR_SLOTS];
+    unsigned next;
+} tr_cache;
+
+static pthread_key_t tr_key;
+static pthread_once_t tr_once = PTHREAD_ONCE_INIT;
+static void tr_cache_free(void *v)
+{
+    tr_cache *c = v;
+    if (!c) return;
+    for (int k = 0; k < TR_SLOTS; k++) {
+        free(c->b[k].path);
+        free(c->b[k].buf);
+    }
+    free(c);
+}
+static void tr_key_make(void) { (void)pthread_key_create(&tr_key, tr_cache_free); }
+
+static tr_cache *tr_cache_get(void)
+{
+    if (pthread_once(&tr_once, tr_key_make)) return NULL;
+    tr_cache *c = pthread_getspecific(tr_key);
+    if (!c && (c = calloc(1, sizeof *c)) && pthread_setspecific(tr_key, c)) {
+        free(c);
+        c = NULL;
+    }
+    return c;
+}
+
+/* The thread's band holding rows [ra0, ra1) of the matrix at `base` of f,
+ * or NULL. */
+static tr_band *tr_band_find(tr_cache *cc, const tps_cfile *f, uint64_t base, uint64_t ra0,
+                             uint64_t ra1)
+{
+    for (int k = 0; k < TR_SLOTS; k++) {
+        tr_band *c = &cc->b[k];
+        if (c->path && c->base == base && c->a0 <= ra0 && ra1 <= c->a1 && c->size == f->size &&
+            c->mtime_s == f->mtime_s && c->mtime_ns == f->mtime_ns && !strcmp(c->path, f->path))
+            return c;
+    }
+    return NULL;
+}
+
 /* A transposed piece (tps_xform.tr): bytes [off, off + len) of its region
- * in the region's own order, read from the stored matrices ([.., B, A] for
- * the region's [.., A, B]) a batch of stored rows at a time, each request's
- * columns only: one read per stored row when they are few, whole stored
- * rows when they are most of one. */
+ * in the region's own order, matrix by matrix (tr_segment), small reads
+ * through the thread's band. */
 static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctensor *t,
                                const tps_piece *p, uint64_t off, void *buf, size_t len)
 {
@@ -432,61 +540,59 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
     uint64_t n, A, B;
     tps_tr_dims(t, t->dim, p->lo, p->hi, &n, &A, &B);
     size_t es = tps_dtype_bits(t->dtype) / 8;
-    uint64_t mat = A * B * es;
+    uint64_t mat = A * B * es, rowb = B * es;
     if (!len) return TPS_OK;
     if (!es || off % es || len % es || !mat)
         return tps_fail(ctx, TPS_E_ARG, "%s: tensor '%s': a read of a transposed piece must be "
                         "whole elements", f->path, t->name);
-    enum { BATCH = 1u << 20 };
-    char *tmp = tps_xmalloc(BATCH);
-    if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    char *tmp = NULL; /* TR_BATCH bytes, once a read needs it */
     tps_err rc = TPS_OK;
     char *out = buf;
-    /* element e of the region: matrix e / (A B), row a, column b; stored at
-     * matrix, row b, column a */
+    uint64_t band = rowb <= TR_BAND ? TR_BAND / rowb : 1; /* rows a band holds */
+    if (band > A) band = A;
     for (uint64_t e = off / es, e1 = (off + len) / es; !rc && e < e1;) {
-        uint64_t m = e / (A * B), in = e % (A * B);
+        uint64_t m = e / (A * B);
         uint64_t end = (m + 1) * A * B < e1 ? (m + 1) * A * B : e1; /* this matrix's share */
-        uint64_t ra0 = in / B, ra1 = (end - 1 - m * A * B) / B + 1; /* its rows a: [ra0, ra1) */
-        uint64_t na = ra1 - ra0, colb = na * es; /* the stored columns a read */
-        uint64_t base = p->off + m * mat;
-        int whole = colb * 2 >= A * es;
-        uint64_t span = whole ? A * es : colb, per = BATCH / span ? BATCH / span : 1;
-        if (span > BATCH) {
-            rc = tps_fail(ctx, TPS_E_ARG, "%s: tensor '%s': a transposed piece's stored rows of "
-                          "%llu bytes are more than a read takes", f->path, t->name,
-                          (unsigned long long)span);
-            break;
-        }
-        for (uint64_t b0 = 0; !rc && b0 < B; b0 += per) {
-            uint64_t b1 = b0 + per < B ? b0 + per : B;
-            if (whole)
-                rc = tps_pread_full(ctx, f->fd, f->path, tmp, (size_t)((b1 - b0) * span),
-                                    base + b0 * A * es);
-            else
-                for (uint64_t b = b0; !rc && b < b1; b++)
-                    rc = tps_pread_full(ctx, f->fd, f->path, tmp + (b - b0) * span, (size_t)span,
-                                        base + (b * A + ra0) * es);
-            if (rc) break;
-            /* rows a whole in the request: their columns [b0, b1) in one transpose;
-             * a partial first or last row element by element */
-            uint64_t f0 = (e - m * A * B + B - 1) / B, f1 = (end - m * A * B) / B;
-            if (f0 < ra0) f0 = ra0;
-            if (f1 > ra1) f1 = ra1;
-            if (f0 < f1)
-                tps_transpose(out + ((m * A * B + f0 * B + b0) - off / es) * es, (size_t)(B * es),
-                              tmp + (whole ? f0 : f0 - ra0) * es, (size_t)span, b1 - b0, f1 - f0,
-                              es);
-            for (uint64_t a = ra0; a < ra1; a++) {
-                if (a >= f0 && a < f1) continue;
-                for (uint64_t b = b0; b < b1; b++) {
-                    uint64_t x = m * A * B + a * B + b;
-                    if (x < e || x >= end) continue;
-                    memcpy(out + (x - off / es) * es,
-                           tmp + ((b - b0) * span + (whole ? a : a - ra0) * es), es);
-                }
+        uint64_t ra0 = (e - m * A * B) / B, ra1 = (end - 1 - m * A * B) / B + 1;
+        char *dst = out + (e - off / es) * es;
+        tr_cache *cc = (ra1 - ra0) * 4 < band ? tr_cache_get() : NULL;
+        if (!cc) {
+            if (!tmp && !(tmp = tps_xmalloc(TR_BATCH))) {
+                rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+                break;
             }
+            rc = tr_segment(ctx, f, t, p, A, B, es, m, e, end, dst, tmp);
+            e = end;
+            continue;
         }
+        uint64_t base = p->off + m * mat;
+        tr_band *c = tr_band_find(cc, f, base, ra0, ra1);
+        if (!c) {
+            c = &cc->b[cc->next++ % TR_SLOTS];
+            uint64_t a0 = ra0, a1 = ra0 + band < A ? ra0 + band : A;
+            size_t need = (size_t)((a1 - a0) * rowb);
+            free(c->path);
+            c->path = NULL; /* invalid until filled */
+            if (c->cap < need) {
+                free(c->buf);
+                c->buf = tps_xmalloc(need);
+                c->cap = c->buf ? need : 0;
+            }
+            if (!tmp && !(tmp = tps_xmalloc(TR_BATCH))) {
+                rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+                break;
+            }
+            char *pth = c->buf ? tps_strdup(f->path) : NULL;
+            rc = pth ? tr_segment(ctx, f, t, p, A, B, es, m, m * A * B + a0 * B,
+                                  m * A * B + a1 * B, c->buf, tmp)
+                     : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            if (rc) {
+                free(pth);
+                break;
+            }
+            *c = (tr_band){pth, f->size, f->mtime_s, f->mtime_ns, base, a0, a1, c->buf, c->cap};
+        }
+        memcpy(dst, c->buf + (e - m * A * B - c->a0 * B) * es, (size_t)((end - e) * es));
         e = end;
     }
     free(tmp);

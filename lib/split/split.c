@@ -808,10 +808,11 @@ static tps_err plan_transposed(engine *E, size_t g)
     tps_tr_dims(t, rg->dim, rg->lo, rg->hi, &n, &A, &B);
     uint64_t rb = B * (tps_dtype_bits(t->dtype) / 8), total = n * A;
     if (!region_written(E, g) || !rb || !total) return TPS_OK;
-    if (rb > CHUNK)
+    uint64_t sb = A * (tps_dtype_bits(t->dtype) / 8); /* a stored row: A elements */
+    if (rb > CHUNK || sb > CHUNK)
         return tps_fail(E->ctx, TPS_E_ARG, "tensor '%s': a transposed piece's rows of %llu bytes "
-                        "are more than a task moves (%u)", t->name, (unsigned long long)rb,
-                        CHUNK);
+                        "(stored: %llu) are more than a task moves (%u)", t->name,
+                        (unsigned long long)rb, (unsigned long long)sb, CHUNK);
     uint64_t rows = CHUNK / rb;
     for (uint64_t k = 0; k < total;) {
         uint64_t e = rows >= A ? k + rows / A * A : k + rows;
@@ -1554,7 +1555,7 @@ static void run_all(engine *E)
             for (size_t k = 0; k < nsay; k++) {
                 uint64_t moved = tk->kind == TASK_MULTI ? E->crclen[tk->crc0 + k]
                                  : tk->kind == TASK_CONTIG ? tk->b - tk->a : 0;
-                if (tk->kind == TASK_ROWS || tk->kind == TASK_FUSED)
+                if (tk->kind == TASK_ROWS || tk->kind == TASK_FUSED || tk->kind == TASK_TROWS)
                     for (size_t j = 0; j < tk->ng; j++) moved += E->crclen[tk->crc0 + j];
                 size_t t = tk->kind == TASK_MULTI ? E->L->regions[tk->g0 + k].src : tk->t;
                 uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
