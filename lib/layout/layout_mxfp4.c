@@ -105,6 +105,25 @@ static int find_bias(cstate *C, const char *module, const tps_lstack *st, uint64
     return b;
 }
 
+/* <module>[.<pre>].<leaf>, kept with the layout (NULL: out of memory). */
+static char *stack_name(cstate *C, const char *module, const char *pre, const char *leaf)
+{
+    return tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, leaf)
+                                  : tps_asprintf("%s.%s", module, leaf));
+}
+
+/* A columns stack's bias [E, H] (bias_first: whole on rank 0 and zeros on
+ * the others, added once after the reduction; else whole on every rank) on
+ * rank r as bn. */
+static tps_err down_bias(cstate *C, const char *bn, int r, size_t bi, const tps_lstack *st)
+{
+    const tps_ctensor *bt = &C->ck->t[bi];
+    tps_rtensor *rt;
+    TPS_TRY(tps_lc_new_rt(C, bn, r, bt->dtype, 2, bt->shape, "experts", &rt));
+    if (r == 0 || !st->bias_first) return tps_lc_src_piece(C, rt, bi, -1, 0, 0, 0);
+    return tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO, .nbytes = rt->nbytes});
+}
+
 tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *module, uint64_t E,
                              uint64_t I, uint64_t H)
 {
@@ -154,12 +173,9 @@ tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *modul
         if (bi == -2) return nomem(C);
         if (bi < 0) return TPS_OK;
         const char *pre = x->into ? x->into : NULL;
-        char *wn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->name)
-                                          : tps_asprintf("%s.%s", module, st->name));
-        char *sn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->scale_as)
-                                          : tps_asprintf("%s.%s", module, st->scale_as));
-        char *bn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->bias_as)
-                                          : tps_asprintf("%s.%s", module, st->bias_as));
+        char *wn = stack_name(C, module, pre, st->name);
+        char *sn = stack_name(C, module, pre, st->scale_as);
+        char *bn = stack_name(C, module, pre, st->bias_as);
         if (!wn || !sn || !bn) return nomem(C);
         const tps_ctensor *bt = &C->ck->t[bi];
         uint64_t bes = tps_dtype_bits(bt->dtype) / 8;
@@ -191,12 +207,7 @@ tps_err tps_lc_mxfp4_experts(cstate *C, const tps_lexperts *x, const char *modul
                 TPS_TRY(tps_lc_new_rt(C, sn, r, TPS_U8, 3, ss, "experts", &rt));
                 TPS_TRY(real_then_zeros(C, rt, (size_t)ws, 2, lo / MX_BLOCK, hi / MX_BLOCK,
                                         n / MX_BLOCK, Ip / MX_BLOCK));
-                TPS_TRY(tps_lc_new_rt(C, bn, r, bt->dtype, 2, bt->shape, "experts", &rt));
-                if (r == 0 || !st->bias_first)
-                    TPS_TRY(tps_lc_src_piece(C, rt, (size_t)bi, -1, 0, 0, 0));
-                else
-                    TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO,
-                                                                 .nbytes = rt->nbytes}));
+                TPS_TRY(down_bias(C, bn, r, (size_t)bi, st));
             }
         }
         C->used[wb] = C->used[ws] = C->used[bi] = 1;
@@ -250,10 +261,8 @@ tps_err tps_lc_transposed_experts(cstate *C, const tps_lexperts *x, const char *
                    (unsigned long long)(wt->ndim > 2 ? wt->shape[2] : 0));
             return TPS_OK;
         }
-        char *wn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->name)
-                                          : tps_asprintf("%s.%s", module, st->name));
-        char *bn = tps_lc_own_name(C, pre ? tps_asprintf("%s.%s.%s", module, pre, st->bias_as)
-                                          : tps_asprintf("%s.%s", module, st->bias_as));
+        char *wn = stack_name(C, module, pre, st->name);
+        char *bn = stack_name(C, module, pre, st->bias_as);
         if (!wn || !bn) return nomem(C);
         const tps_ctensor *bt = &C->ck->t[bi];
         for (int r = 0; r < C->tp; r++) {
@@ -269,12 +278,7 @@ tps_err tps_lc_transposed_experts(cstate *C, const tps_lexperts *x, const char *
                 uint64_t ws[3] = {E, H, Ir};
                 TPS_TRY(tps_lc_new_rt(C, wn, r, wt->dtype, 3, ws, "experts", &rt));
                 TPS_TRY(tps_lc_src_piece_tr(C, rt, (size_t)w, 1, lo, hi, 0));
-                TPS_TRY(tps_lc_new_rt(C, bn, r, bt->dtype, 2, bt->shape, "experts", &rt));
-                if (r == 0 || !st->bias_first)
-                    TPS_TRY(tps_lc_src_piece(C, rt, (size_t)bi, -1, 0, 0, 0));
-                else
-                    TPS_TRY(tps_lc_add_piece(C, rt, (tps_lpiece){.kind = TPS_PK_ZERO,
-                                                                 .nbytes = rt->nbytes}));
+                TPS_TRY(down_bias(C, bn, r, (size_t)bi, st));
             }
         }
         C->used[w] = C->used[bi] = 1;

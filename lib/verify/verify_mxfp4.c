@@ -245,6 +245,25 @@ static char *sizes_wrong(const side *R, uint64_t E, int r)
                         (unsigned long long)R->nblk, (unsigned long long)E);
 }
 
+/* Does this process check rank r's share of the experts of tensor `name`
+ * (its rank, and its layer's stage)? */
+static int rank_checked(const vctx *V, int r, const char *name)
+{
+    return !(V->local && !V->local[r]) && tps_va_serves(V->ck, r, name);
+}
+
+/* Rank r's side of projection P (S: the source's): its rank tensors
+ * (weight, scales, bias), or a note saying it lacks one. */
+static char *rank_side(const vctx *V, const proj *P, const side *S, int r, side *R)
+{
+    *R = *S;
+    R->ck = NULL;
+    if (find_held(V->ck, r, P->hw, &R->hw) && find_held(V->ck, r, P->hs, &R->hs) &&
+        find_held(V->ck, r, P->hb, &R->hb))
+        return NULL;
+    return tps_asprintf("rank %d lacks '%s', '%s' or '%s'", r, P->hw, P->hs, P->hb);
+}
+
 /* gate_up_proj: each rank's rows against the source's. */
 static tps_err check_gate_up(vctx *V, const proj *P, uint64_t *seed)
 {
@@ -263,14 +282,9 @@ static tps_err check_gate_up(vctx *V, const proj *P, uint64_t *seed)
     tps_err rc = bufs_get(&BR, nblk) && bufs_get(&BS, nblk) ? TPS_OK
                  : tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
     for (int r = 0; !rc && !note && r < V->tp; r++) {
-        if ((V->local && !V->local[r]) || !tps_va_serves(V->ck, r, sw->name)) continue;
-        side R = S;
-        R.ck = NULL;
-        if (!find_held(V->ck, r, P->hw, &R.hw) || !find_held(V->ck, r, P->hs, &R.hs) ||
-            !find_held(V->ck, r, P->hb, &R.hb)) {
-            note = tps_asprintf("rank %d lacks '%s', '%s' or '%s'", r, P->hw, P->hs, P->hb);
-            break;
-        }
+        if (!rank_checked(V, r, sw->name)) continue;
+        side R;
+        if ((note = rank_side(V, P, &S, r, &R))) break;
         uint64_t lo = 0, hi = 0;
         rank_cut(V->ck, P->cw, r, &lo, &hi); /* none: the rank's rows are all tail */
         uint64_t row_all = E * nblk * (MXB / 2); /* codes of one row of every expert */
@@ -342,14 +356,9 @@ static tps_err check_down(vctx *V, const proj *P, uint64_t *seed)
                      : tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
     if (!rc) seeded(seed, z, NX * I);
     for (int r = 0; !rc && !note && r < V->tp; r++) {
-        if ((V->local && !V->local[r]) || !tps_va_serves(V->ck, r, sw->name)) continue;
-        side R = S;
-        R.ck = NULL;
-        if (!find_held(V->ck, r, P->hw, &R.hw) || !find_held(V->ck, r, P->hs, &R.hs) ||
-            !find_held(V->ck, r, P->hb, &R.hb)) {
-            note = tps_asprintf("rank %d lacks '%s', '%s' or '%s'", r, P->hw, P->hs, P->hb);
-            break;
-        }
+        if (!rank_checked(V, r, sw->name)) continue;
+        side R;
+        if ((note = rank_side(V, P, &S, r, &R))) break;
         uint64_t lo = 0, hi = 0; /* the MX blocks of the rank's features */
         rank_cut(V->ck, P->cw, r, &lo, &hi);
         uint64_t blk_all = E * H * (MXB / 2); /* codes of one MX block of every row */

@@ -308,7 +308,9 @@ FLIPS = [(1, X + "routed_experts.w13_weight", X + "gate_up_proj_blocks", "mid", 
          (1, X + "routed_experts.w2_weight_scale", X + "down_proj_scales", "first", "down"),
          (2, X + "routed_experts.w13_weight", "zero padding", "last", "gate_up"),
          (1, X + "routed_experts.w2_bias", "zero padding", "mid", "down")]
-for k, (r, victim, named, where, proj) in enumerate(FLIPS):
+def flipped_copy(out, k, r, victim, where):
+    """A copy of split output `out` with one byte of rank r's tensor `victim` flipped
+    (its first, middle or last byte)."""
     bad = f"{out}-flip{k}"
     shutil.rmtree(bad, ignore_errors=True)
     shutil.copytree(out, bad)
@@ -320,6 +322,11 @@ for k, (r, victim, named, where, proj) in enumerate(FLIPS):
     raw[8 + n + {"mid": (b + e) // 2, "first": b, "last": e - 1}[where]] ^= 0x10
     with open(path, "wb") as f:
         f.write(raw)
+    return bad
+
+
+for k, (r, victim, named, where, proj) in enumerate(FLIPS):
+    bad = flipped_copy(out, k, r, victim, where)
     rc, so, se = tps("check", bad)
     report(rc == 1 and victim in so + se and named in so + se,
            f"vllm tp 4: a flipped byte in rank {r}'s {victim.split('.')[-1]} ({where}): check "
@@ -392,17 +399,7 @@ for k, (victim, named, where) in enumerate([
         (X + "routed_experts.w13_weight", X + "gate_up_proj", "mid"),
         (X + "routed_experts.w2_weight", X + "down_proj", "last"),
         (X + "routed_experts.w13_bias", X + "gate_up_proj_bias", "first")]):
-    bad = f"{out}-flip{k}"
-    shutil.rmtree(bad, ignore_errors=True)
-    shutil.copytree(out, bad)
-    path = glob.glob(os.path.join(bad, "model-rank-1-part-*.safetensors"))[0]
-    with open(path, "rb") as f:
-        raw = bytearray(f.read())
-    n = int.from_bytes(raw[:8], "little")
-    b, e = json.loads(raw[8:8 + n])[victim]["data_offsets"]
-    raw[8 + n + {"mid": (b + e) // 2, "first": b, "last": e - 1}[where]] ^= 0x10
-    with open(path, "wb") as f:
-        f.write(raw)
+    bad = flipped_copy(out, k, 1, victim, where)
     rc, so, se = tps("check", bad)
     report(rc == 1 and victim in so + se and named in so + se,
            f"vllm bf16 tp 2: a flipped byte in rank 1's {victim.split('.')[-1]} ({where}): check "
