@@ -117,8 +117,8 @@ CASES = [
     # gpt-oss: vLLM's layout writes the MXFP4 experts (split --moe-backend cpu, what vLLM's CPU
     # platform runs) and the BF16 ones (each expert's rank slice transposed); tpshard refuses
     # SGLang's (its BF16 row fails as "refused": plans/layouts/sglang.yaml says why). The
-    # oracle rows check
-    # gptoss_oracle.vllm_ranks, what test_gpt_oss.py relies on, against vLLM itself
+    # oracle rows check gptoss_oracle.vllm_ranks, what test_gpt_oss.py relies on, against vLLM
+    # itself
     (V, "gpt_oss", "bf16", 1, 1), (V, "gpt_oss", "bf16", 2, 1), (V, "gpt_oss", "bf16", 4, 1),
     (V, "gpt_oss-mxfp4", "mxfp4", 1, 1), (V, "gpt_oss-mxfp4", "mxfp4", 2, 1),
     (V, "gpt_oss-mxfp4", "mxfp4", 4, 1), (V, "gpt_oss-mxfp4", "mxfp4", 2, 2),
