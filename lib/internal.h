@@ -423,6 +423,7 @@ typedef struct {
 
 struct tps_ckpt {
     tps_src_kind kind;
+    uint64_t seq;    /* this open's number in the process (reads' caches key on it) */
     char *path, *dir, *stem;
     int hub;         /* from the Hugging Face cache: stem is the repo's name */
     tps_cfile *files;

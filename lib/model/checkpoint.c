@@ -213,9 +213,11 @@ static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_c
 {
     *out = NULL;
     tps_err rc = TPS_OK;
+    static uint64_t opens;
     tps_ckpt *ck = tps_xcalloc(1, sizeof *ck);
     char *tmp = NULL, *p = NULL;
     if (!ck) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    ck->seq = __atomic_add_fetch(&opens, 1, __ATOMIC_RELAXED);
     struct stat sb;
     TPS_FAIL_IF(stat(path, &sb) != 0, ctx, TPS_E_IO, "%s: %s", path, strerror(errno));
     ck->path = tps_strdup(path);
@@ -469,8 +471,9 @@ static tps_err tr_segment(tps_ctx *ctx, const tps_cfile *f, const tps_ctensor *t
 }
 
 /* A band of a transposed matrix in the region's order: the rows [a0, a1)
- * of the matrix at byte `base` of the file at `path` as it was (size,
- * mtime). Reads of a few rows at a time (merge and reshard read a tensor cut
+ * of the matrix at byte `base` of file `file` of the checkpoint opened as
+ * `seq` (tps_ckpt.seq: a later open, of the same files rewritten or not,
+ * never finds it). Reads of a few rows at a time (merge and reshard read a tensor cut
  * along its last dim a row at a time, each rank's piece of the row in turn)
  * would each read a stored column, an element from every stored row; a band
  * of TR_BAND bytes is read once and serves the rows after it. A thread keeps
@@ -479,9 +482,8 @@ static tps_err tr_segment(tps_ctx *ctx, const tps_cfile *f, const tps_ctensor *t
 #define TR_BAND (1u << 20)
 #define TR_SLOTS 16
 typedef struct {
-    char *path;
-    uint64_t size;
-    int64_t mtime_s, mtime_ns;
+    uint64_t seq; /* 0: empty */
+    int file;
     uint64_t base, a0, a1;
     char *buf;
     size_t cap;
@@ -497,10 +499,7 @@ static void tr_cache_free(void *v)
 {
     tr_cache *c = v;
     if (!c) return;
-    for (int k = 0; k < TR_SLOTS; k++) {
-        free(c->b[k].path);
-        free(c->b[k].buf);
-    }
+    for (int k = 0; k < TR_SLOTS; k++) free(c->b[k].buf);
     free(c);
 }
 static void tr_key_make(void) { (void)pthread_key_create(&tr_key, tr_cache_free); }
@@ -516,15 +515,15 @@ static tr_cache *tr_cache_get(void)
     return c;
 }
 
-/* The thread's band holding rows [ra0, ra1) of the matrix at `base` of f,
- * or NULL. */
-static tr_band *tr_band_find(tr_cache *cc, const tps_cfile *f, uint64_t base, uint64_t ra0,
-                             uint64_t ra1)
+/* The thread's band holding rows [ra0, ra1) of the matrix at `base` of
+ * file `file` of ck, or NULL. */
+static tr_band *tr_band_find(tr_cache *cc, const tps_ckpt *ck, int file, uint64_t base,
+                             uint64_t ra0, uint64_t ra1)
 {
     for (int k = 0; k < TR_SLOTS; k++) {
         tr_band *c = &cc->b[k];
-        if (c->path && c->base == base && c->a0 <= ra0 && ra1 <= c->a1 && c->size == f->size &&
-            c->mtime_s == f->mtime_s && c->mtime_ns == f->mtime_ns && !strcmp(c->path, f->path))
+        if (c->seq && c->seq == ck->seq && c->file == file && c->base == base && c->a0 <= ra0 &&
+            ra1 <= c->a1)
             return c;
     }
     return NULL;
@@ -566,13 +565,12 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
             continue;
         }
         uint64_t base = p->off + m * mat;
-        tr_band *c = tr_band_find(cc, f, base, ra0, ra1);
+        tr_band *c = tr_band_find(cc, ck, p->file, base, ra0, ra1);
         if (!c) {
             c = &cc->b[cc->next++ % TR_SLOTS];
             uint64_t a0 = ra0, a1 = ra0 + band < A ? ra0 + band : A;
             size_t need = (size_t)((a1 - a0) * rowb);
-            free(c->path);
-            c->path = NULL; /* invalid until filled */
+            c->seq = 0; /* empty until filled */
             if (c->cap < need) {
                 free(c->buf);
                 c->buf = tps_xmalloc(need);
@@ -582,15 +580,11 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
                 rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
                 break;
             }
-            char *pth = c->buf ? tps_strdup(f->path) : NULL;
-            rc = pth ? tr_segment(ctx, f, t, p, A, B, es, m, m * A * B + a0 * B,
-                                  m * A * B + a1 * B, c->buf, tmp)
-                     : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-            if (rc) {
-                free(pth);
-                break;
-            }
-            *c = (tr_band){pth, f->size, f->mtime_s, f->mtime_ns, base, a0, a1, c->buf, c->cap};
+            rc = c->buf ? tr_segment(ctx, f, t, p, A, B, es, m, m * A * B + a0 * B,
+                                     m * A * B + a1 * B, c->buf, tmp)
+                        : tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            if (rc) break;
+            *c = (tr_band){ck->seq, p->file, base, a0, a1, c->buf, c->cap};
         }
         memcpy(dst, c->buf + (e - m * A * B - c->a0 * B) * es, (size_t)((end - e) * es));
         e = end;
