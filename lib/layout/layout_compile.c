@@ -122,6 +122,20 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
     return TPS_OK;
 }
 
+/* 1 + the index of transform x in L->xforms: the last one when it is the
+ * same (a rank's pieces of one stack share theirs), else x appended; 0 out
+ * of memory. */
+static uint32_t xform_index(tps_layout *L, const tps_xform *x)
+{
+    if (!L->nxforms || memcmp(&L->xforms[L->nxforms - 1], x, sizeof *x)) {
+        tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
+        if (!n) return 0;
+        L->xforms = n;
+        L->xforms[L->nxforms++] = *x;
+    }
+    return (uint32_t)L->nxforms;
+}
+
 /* Adds source piece [lo, hi) along dim of src to r at byte at; x: refined
  * (nbytes its grid's), else NULL (nbytes the region's, widened when r's
  * dtype is not src's: a scale the engine holds in F32, 4 bytes an element). */
@@ -156,14 +170,7 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
     C->used[src] = 1;
     uint32_t xf = 0;
     if (x) {
-        /* a rank's pieces of one stack share their transform */
-        if (!L->nxforms || memcmp(&L->xforms[L->nxforms - 1], x, sizeof *x)) {
-            tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
-            if (!n) return nomem(C);
-            L->xforms = n;
-            L->xforms[L->nxforms++] = *x;
-        }
-        xf = (uint32_t)L->nxforms;
+        if (!(xf = xform_index(L, x))) return nomem(C);
     } else {
         tps_dtype sd = C->ck->t[src].dtype;
         nbytes = L->regions[g].nbytes;
@@ -209,13 +216,9 @@ tps_err tps_lc_src_piece_tr(cstate *C, tps_rtensor *r, size_t src, int dim, uint
         return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': a transposed piece cannot be a replica",
                         t->name);
     const tps_xform x = {.tr = 1};
-    if (!L->nxforms || memcmp(&L->xforms[L->nxforms - 1], &x, sizeof x)) {
-        tps_xform *n = realloc(L->xforms, (L->nxforms + 1) * sizeof *n);
-        if (!n) return nomem(C);
-        L->xforms = n;
-        L->xforms[L->nxforms++] = x;
-    }
-    p->xf = (uint32_t)L->nxforms;
+    uint32_t xf = xform_index(L, &x);
+    if (!xf) return nomem(C);
+    L->pieces[L->npieces - 1].xf = xf;
     return TPS_OK;
 }
 

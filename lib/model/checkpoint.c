@@ -555,17 +555,17 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
         uint64_t ra0 = (e - m * A * B) / B, ra1 = (end - 1 - m * A * B) / B + 1;
         char *dst = out + (e - off / es) * es;
         tr_cache *cc = (ra1 - ra0) * 4 < band ? tr_cache_get() : NULL;
+        uint64_t base = p->off + m * mat;
+        tr_band *c = cc ? tr_band_find(cc, ck, p->file, base, ra0, ra1) : NULL;
+        if (!c && !tmp && !(tmp = tps_xmalloc(TR_BATCH))) { /* a read is needed */
+            rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+            break;
+        }
         if (!cc) {
-            if (!tmp && !(tmp = tps_xmalloc(TR_BATCH))) {
-                rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-                break;
-            }
             rc = tr_segment(ctx, f, t, p, A, B, es, m, e, end, dst, tmp);
             e = end;
             continue;
         }
-        uint64_t base = p->off + m * mat;
-        tr_band *c = tr_band_find(cc, ck, p->file, base, ra0, ra1);
         if (!c) {
             c = &cc->b[cc->next++ % TR_SLOTS];
             uint64_t a0 = ra0, a1 = ra0 + band < A ? ra0 + band : A;
@@ -575,10 +575,6 @@ static tps_err read_transposed(tps_ctx *ctx, const tps_ckpt *ck, const tps_ctens
                 free(c->buf);
                 c->buf = tps_xmalloc(need);
                 c->cap = c->buf ? need : 0;
-            }
-            if (!tmp && !(tmp = tps_xmalloc(TR_BATCH))) {
-                rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-                break;
             }
             rc = c->buf ? tr_segment(ctx, f, t, p, A, B, es, m, m * A * B + a0 * B,
                                      m * A * B + a1 * B, c->buf, tmp)

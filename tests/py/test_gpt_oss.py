@@ -69,6 +69,19 @@ def source_tensors(model):
     return out
 
 
+def merged(out, model, src):
+    """merge of split output `out`: its exit status, stderr, the tensors that differ from
+    `src` (model's tensors) and whether every source file came back byte for byte."""
+    m = out + "-merged"
+    rc, so, se = tps("merge", out, "-o", m)
+    got = source_tensors(m) if rc == 0 else {}
+    diff = ranktest.compare(src, got, "merged")
+    same_files = rc == 0 and all(
+        open(os.path.join(m, f), "rb").read() == open(os.path.join(model, f), "rb").read()
+        for f in ranktest.source_files(model))
+    return rc, se, diff, same_files
+
+
 def no_safetensors(d):
     return not glob.glob(os.path.join(d, "**", "*.safetensors"), recursive=True)
 
@@ -97,13 +110,7 @@ for name, model in MODELS.items():
                "\n".join(ranktest.rank_file_problems(out, model, want, tp)))
         rc, so, se = tps("check", out)
         report(rc == 0, f"{name} tp {tp}: check passes", se)
-        m = out + "-merged"
-        rc, so, se = tps("merge", out, "-o", m)
-        got = source_tensors(m) if rc == 0 else {}
-        diff = ranktest.compare(src, got, "merged")
-        same_files = rc == 0 and all(
-            open(os.path.join(m, f), "rb").read() == open(os.path.join(model, f), "rb").read()
-            for f in ranktest.source_files(model))
+        rc, se, diff, same_files = merged(out, model, src)
         report(rc == 0 and not diff and same_files,
                f"{name} tp {tp}: merge gives the source back byte for byte",
                se + "\n".join(diff) + ("" if same_files else "\nthe merged files differ"))
@@ -245,13 +252,7 @@ for name, backend, tp in VCASES:
            f"{label}: the manifest records no MoE backend (BF16 experts)", f"moe_backend {mb}")
     rc, so, se = tps("check", out)
     report(rc == 0, f"{label}: check passes", se)
-    m = out + "-merged"
-    rc, so, se = tps("merge", out, "-o", m)
-    got = source_tensors(m) if rc == 0 else {}
-    diff = ranktest.compare(src, got, "merged")
-    same_files = rc == 0 and all(
-        open(os.path.join(m, f), "rb").read() == open(os.path.join(model, f), "rb").read()
-        for f in ranktest.source_files(model))
+    rc, se, diff, same_files = merged(out, model, src)
     report(rc == 0 and not diff and same_files,
            f"{label}: merge gives the source back byte for byte (zero tails and the rank-0 "
            "w2_bias are layout, not data)",
