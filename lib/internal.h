@@ -521,6 +521,10 @@ tps_err tps_ckpt_recheck(tps_ctx *ctx, const tps_ckpt *ck);
 /* split: copy tasks reading fewer bytes use pread even when the source is
  * mapped (256 KiB); tests lower it to reach the mapped path with tiny models. */
 extern size_t tps_split_map_min;
+/* tps_ckpt_read of whole rows of a tensor cut along a dim reads each
+ * piece's slices of them in batches of at most this many bytes (1 MiB);
+ * tests lower it to reach several batches with tiny models. */
+extern size_t tps_read_rows_batch;
 
 /* Where bytes [off, off+len) of tensor i lie when they are one run of one
  * file: 1 and *file, *foff set; 0 when they span pieces. */
