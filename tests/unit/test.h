@@ -32,4 +32,15 @@ static int t_fail_, t_cur_fail_;
         fflush(stdout);                                                             \
     } while (0)
 #define TEST_EXIT() return t_fail_ ? 1 : 0
+
+/* xorshift64: the tests' reproducible random numbers (t_rng_ their seed). */
+#include <stdint.h>
+static uint64_t t_rng_ = 0x9E3779B97F4A7C15ull;
+static inline uint64_t t_rand(void)
+{
+    t_rng_ ^= t_rng_ << 13;
+    t_rng_ ^= t_rng_ >> 7;
+    t_rng_ ^= t_rng_ << 17;
+    return t_rng_;
+}
 #endif

@@ -12,15 +12,6 @@
 
 #include <unistd.h>
 
-static uint64_t rng = 0xD1B54A32D192ED03ull;
-static uint64_t xr(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 static const struct {
     const char *model, *opts;
 } CASES[] = {
@@ -68,26 +59,26 @@ static int reads_match(const char *model, int *cut, int *tensors)
         for (int it = 0; it < 240; it++) {
             uint64_t off = 0, len = nb;
             switch (it % 6) {
-            case 0: off = xr() % nb; len = 1 + xr() % (nb - off < 64 ? nb - off : 64); break;
-            case 1: off = xr() % nb; len = 1 + xr() % (nb - off); break;
+            case 0: off = t_rand() % nb; len = 1 + t_rand() % (nb - off < 64 ? nb - off : 64); break;
+            case 1: off = t_rand() % nb; len = 1 + t_rand() % (nb - off); break;
             case 2: /* whole rows */
                 if (row && nb / row) {
-                    uint64_t r0 = xr() % (nb / row), r1 = r0 + 1 + xr() % (nb / row - r0);
+                    uint64_t r0 = t_rand() % (nb / row), r1 = r0 + 1 + t_rand() % (nb / row - r0);
                     off = r0 * row;
                     len = (r1 - r0) * row;
                 }
                 break;
             case 3: /* from inside a row to inside another */
                 if (row && nb / row >= 3) {
-                    off = xr() % row + row * (xr() % (nb / row - 2));
-                    len = nb - off - xr() % row;
+                    off = t_rand() % row + row * (t_rand() % (nb / row - 2));
+                    len = nb - off - t_rand() % row;
                 }
                 break;
             case 4: off = 0; len = nb; break;
             default: /* batches of a few bytes: a request needs many */
-                tps_read_rows_batch = 1 + xr() % 48;
-                off = xr() % nb;
-                len = 1 + xr() % (nb - off);
+                tps_read_rows_batch = 1 + t_rand() % 48;
+                off = t_rand() % nb;
+                len = 1 + t_rand() % (nb - off);
                 break;
             }
             /* whole elements (a transposed piece reads no part of one) */
@@ -158,6 +149,7 @@ static void a_missing_rank_is_named(void)
 
 int main(void)
 {
+    t_rng_ = 0xD1B54A32D192ED03ull;
     RUN(every_layout_reads_back_the_source);
     RUN(a_missing_rank_is_named);
     char cmd[512];

@@ -14,15 +14,6 @@
 static const char *MODEL = "testdata/conformance/vllm-gptoss-bf16-tp2/model";
 static char dir[256];
 
-static uint64_t rng = 0x9E3779B97F4A7C15ull;
-static uint64_t xr(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 static int split_once(void)
 {
     const char *tmp = getenv("TPS_TMP") ? getenv("TPS_TMP") : "/tmp";
@@ -64,9 +55,9 @@ static void random_reads_match_the_source(void)
             for (int it = 0; it < 600; it++) {
                 uint64_t e0 = 0, n = ne;
                 switch (it % 5) {
-                case 0: e0 = xr() % ne; n = 1 + xr() % (ne - e0 < 16 ? ne - e0 : 16); break;
-                case 1: e0 = xr() % ne; n = 1 + xr() % (ne - e0 < 3000 ? ne - e0 : 3000); break;
-                case 2: e0 = xr() % ne; n = 1 + xr() % (ne - e0); break;
+                case 0: e0 = t_rand() % ne; n = 1 + t_rand() % (ne - e0 < 16 ? ne - e0 : 16); break;
+                case 1: e0 = t_rand() % ne; n = 1 + t_rand() % (ne - e0 < 3000 ? ne - e0 : 3000); break;
+                case 2: e0 = t_rand() % ne; n = 1 + t_rand() % (ne - e0); break;
                 case 3: e0 = (uint64_t)(it / 5) % (ne / B) * B; n = B; break; /* a row */
                 default: break; /* the whole piece */
                 }
