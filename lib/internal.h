@@ -702,8 +702,12 @@ typedef struct {
      * layers numbered num_hidden_layers - config[only_last] and after;
      * except_last, only in the others (Gemma 4's KV-shared layers). NULL: all */
     char *only_last, *except_last;
+    /* the entry applies only when this holds (DeepSeek's fused_qkv_a_proj: a
+     * q LoRA); NULL: always. tps_lfuse_applies says. */
+    tps_cond *when;
     int line;
 } tps_lfuse;
+int tps_lfuse_applies(const tps_lfuse *f, const cJSON *config);
 
 typedef struct {
     char **patterns;

@@ -674,7 +674,7 @@ static tps_err acceptance_checks(cstate *C)
         for (size_t j = 0; j < s->fuse[fi].nparts; j++) {
             const tps_lpart *p = &s->fuse[fi].parts[j];
             int present, dup = 0;
-            if (!p->heads) continue;
+            if (!p->heads || !tps_lfuse_applies(&s->fuse[fi], ck->config)) continue;
             for (size_t a = 0; a < fi && !dup; a++)
                 for (size_t b = 0; b < s->fuse[a].nparts; b++)
                     dup |= s->fuse[a].parts[b].heads && !strcmp(s->fuse[a].parts[b].heads, p->heads);

@@ -460,6 +460,7 @@ static tps_err compile_fused(cstate *C, const tps_layers *ly)
     const tps_ckpt *ck = C->ck;
     for (size_t fi = 0; fi < s->nfuse; fi++) {
         const tps_lfuse *f = &s->fuse[fi];
+        if (!tps_lfuse_applies(f, ck->config)) continue;
         for (size_t i = 0; i < ck->n; i++) {
             const char *nm = ck->t[i].name;
             size_t ml;

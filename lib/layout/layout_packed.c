@@ -631,7 +631,9 @@ tps_err tps_lc_compile_packed(cstate *C)
         if (!tps_lc_module_of(nm, &ml)) continue;
         const tps_lfuse *f = NULL;
         for (size_t fi = 0; fi < s->nfuse && !f; fi++)
-            if (fused_member(&s->fuse[fi], nm, ml, &which, &pl)) f = &s->fuse[fi];
+            if (tps_lfuse_applies(&s->fuse[fi], ck->config) &&
+                fused_member(&s->fuse[fi], nm, ml, &which, &pl))
+                f = &s->fuse[fi];
         if (f) {
             TPS_TRY(place_fused_packed(C, f, nm, pl));
             continue;

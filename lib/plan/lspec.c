@@ -179,17 +179,38 @@ static tps_err parse_lbias(const pctx *pc, const ynode *m, tps_lbias *b)
     return TPS_OK;
 }
 
+/* Two conditions that never hold together: one field, truthy and falsy,
+ * the same default. */
+static int exclusive(const tps_cond *a, const tps_cond *b)
+{
+    if (!a || !b || strcmp(a->field, b->field)) return 0;
+    if (!((a->op == TPS_COND_TRUTHY && b->op == TPS_COND_FALSY) ||
+          (a->op == TPS_COND_FALSY && b->op == TPS_COND_TRUTHY)))
+        return 0;
+    if (!a->dflt || !b->dflt) return !a->dflt && !b->dflt;
+    return cJSON_Compare(a->dflt, b->dflt, 1);
+}
+
+int tps_lfuse_applies(const tps_lfuse *f, const cJSON *config)
+{
+    return !f->when || tps_cond_eval(f->when, config);
+}
+
 static tps_err parse_lfuse(const pctx *pc, const ynode *m, tps_lfuse *f)
 {
     static const char *const known[] = {"into", "parts", "extra", "bias", "split", "only_last",
-                                        "except_last"};
+                                        "except_last", "when"};
     static const char *const pknown[] = {"module", "heads", "replicate", "rows", "or", "or_when",
                                          "or_layer_type"};
     static const char *const eknown[] = {"name", "dtype", "value", "shape", "quant", "when",
                                          "unless"};
-    const ynode *v[7];
-    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 7, v));
+    const ynode *v[8];
+    TPS_TRY(tps_pl_map_fields(pc, m, "fuse entry", known, 8, v));
     f->line = m->line;
+    if (v[7]) {
+        if (!(f->when = tps_xcalloc(1, sizeof *f->when))) return tps_pl_nomem(pc->ctx);
+        TPS_TRY(tps_pl_parse_cond(pc, v[7], "when", f->when));
+    }
     if (v[5] && v[6])
         return tps_pl_perr(pc, v[6]->line, "a fuse entry has 'only_last' or 'except_last'");
     if (v[5]) {
@@ -717,12 +738,15 @@ static tps_err build_lspec(const pctx *pc, const ynode *root, tps_lspec *s)
             s->nfuse++;
             TPS_TRY(parse_lfuse(pc, v[K_FUSE]->kid[i], &s->fuse[i]));
             /* a module is a part of one fusion at most (in the same layers: an
-             * entry for the last layers and one for the others share modules) */
+             * entry for the last layers and one for the others share modules;
+             * so do entries that never apply together: one `when` a field is
+             * truthy, the other when it is falsy) */
             for (size_t j = 0; j < i; j++)
                 if (!(s->fuse[i].only_last && s->fuse[j].except_last &&
                       !strcmp(s->fuse[i].only_last, s->fuse[j].except_last)) &&
                     !(s->fuse[j].only_last && s->fuse[i].except_last &&
-                      !strcmp(s->fuse[j].only_last, s->fuse[i].except_last)))
+                      !strcmp(s->fuse[j].only_last, s->fuse[i].except_last)) &&
+                    !exclusive(s->fuse[i].when, s->fuse[j].when))
                 for (size_t a = 0; a < s->fuse[i].nparts; a++)
                     for (size_t b = 0; b < s->fuse[j].nparts; b++)
                         if (!strcmp(s->fuse[i].parts[a].module, s->fuse[j].parts[b].module))
@@ -839,6 +863,8 @@ void tps_lspec_free(tps_lspec *s)
         }
         free(f->only_last);
         free(f->except_last);
+        if (f->when) tps_pl_cond_clear(f->when);
+        free(f->when);
         free(f->parts);
         for (size_t j = 0; j < f->nextra; j++) {
             free(f->extra[j].name);

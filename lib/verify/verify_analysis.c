@@ -713,6 +713,18 @@ tps_err tps_va_find_blocks(vctx *V)
         int nm_ = opens[o].third ? 3 : 2;
         int complete = 1;
         for (int k = 0; k < nm_; k++) complete &= m[k] != NULL;
+        /* MLA (DeepSeek-V2-Lite's q_proj, no q LoRA): q's heads are nope + rope
+         * wide, o_proj's v_head_dim; they do not pair as an attention's q and o
+         * do. Each is checked alone, as DeepSeek-V3's q_b_proj is. */
+        if (complete && kind == BLK_ATTN) {
+            char *kvb = tps_asprintf("%s.self_attn.kv_b_proj.weight", prefix);
+            if (!kvb) {
+                free(prefix);
+                return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+            }
+            complete = tps_ckpt_find(V->ck, kvb) < 0;
+            free(kvb);
+        }
         if (!complete) {
             free(prefix);
             continue;

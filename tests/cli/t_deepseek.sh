@@ -168,4 +168,56 @@ for lay in vllm sglang; do
   done
 done
 
+# DeepSeek-V2-Lite's MLA, no q LoRA (q_lora_rank null: q_proj, kv_a_proj_with_mqa alone): every
+# layout splits it at tp 1, 2 and 4, check, verify --source and merge (byte for byte) pass.
+# The engines' own rank files at tp 2 are conformance cases (vllm/sglang-deepseekv2-lite-*).
+V2="$TOP/testdata/conformance/vllm-deepseekv2-lite-bf16-tp2/model"
+for lay in dtensor vllm sglang; do
+  for tp in 1 2 4; do
+    d="$T/v2-$lay-$tp"
+    expect_exit 0 "V2-Lite $lay tp $tp: split" -- tps split "$V2" --tp "$tp" --layout "$lay" -o "$d" -q || continue
+    expect_exit 0 "V2-Lite $lay tp $tp: check" -- tps check "$d"
+    expect_exit 0 "V2-Lite $lay tp $tp: verify --source" -- tps verify "$d" --source "$V2"
+    expect_exit 0 "V2-Lite $lay tp $tp: merge" -- tps merge "$d" -o "$d.merged" -q || continue
+    if cmp -s "$V2/model.safetensors" "$d.merged/model.safetensors"; then
+      ok "V2-Lite $lay tp $tp: merge gives back the source byte for byte"
+    else notok "V2-Lite $lay tp $tp: merge differs from the source"; fi
+  done
+done
+# vLLM's wrapper holds q_proj (mla_attn.q_proj); kv_a_proj_with_mqa keeps its name
+if python3 - "$T/v2-vllm-2" <<'PY'
+import json, struct, sys
+raw = open(sys.argv[1] + "/model-rank-0-part-0.safetensors", "rb").read()
+h = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+assert h["model.layers.0.self_attn.mla_attn.q_proj.weight"]["shape"] == [192, 128], h.get("model.layers.0.self_attn.mla_attn.q_proj.weight")
+assert h["model.layers.0.self_attn.kv_a_proj_with_mqa.weight"]["shape"] == [96, 128]
+assert not any("fused_qkv_a_proj" in k or "q_a_proj" in k for k in h)
+PY
+then ok "V2-Lite vllm: q_proj by heads under mla_attn, kv_a_proj_with_mqa whole"; else notok "V2-Lite vllm names"; fi
+# one flipped byte of rank 1's q_proj or kv_a_proj_with_mqa: check and verify --source fail
+for lay in vllm sglang; do
+  for t in q_proj.weight kv_a_proj_with_mqa.weight; do
+    d="$T/v2-flip-$lay-${t%%.*}"
+    rm -rf "$d"; cp -r "$T/v2-$lay-2" "$d" || { notok "V2-Lite $lay: copy for $t"; continue; }
+    if ! flip "$d" ".$t" 2>"$ERR"; then notok "V2-Lite $lay: flip $t"; diag "$ERR"; continue; fi
+    expect_exit 1 "V2-Lite $lay tp 2: check fails on one flipped byte of rank 1's $t" -- tps check "$d"
+    expect_exit 1 "V2-Lite $lay tp 2: verify --source fails on it" -- tps verify "$d" --source "$V2"
+  done
+done
+# config.json says no q LoRA, the checkpoint has one: the engines would build q_proj and
+# leave q_a_proj unloaded; the serving layouts refuse it, naming the field
+python3 - "$T/m" "$T/v3-nolora" <<'PY'
+import json, os, shutil, sys
+os.makedirs(sys.argv[2], exist_ok=True)
+shutil.copy(os.path.join(sys.argv[1], "model.safetensors"), sys.argv[2])
+c = json.load(open(os.path.join(sys.argv[1], "config.json")))
+json.dump(dict(c, q_lora_rank=None), open(os.path.join(sys.argv[2], "config.json"), "w"))
+PY
+for lay in vllm sglang; do
+  expect_exit 1 "$lay: a q LoRA with q_lora_rank null refused" --     tps split "$T/v3-nolora" --tp 2 --layout "$lay" -o "$T/$lay-nolora"
+  expect_stderr_has "q_lora_rank" "$lay: the refusal names q_lora_rank"
+  expect_stderr_has "q_a_proj" "$lay: the refusal names q_a_proj"
+  [ -z "$(ls "$T/$lay-nolora" 2>/dev/null)" ] && ok "$lay: nothing written" || notok "$lay: wrote files"
+done
+
 finish

@@ -179,6 +179,25 @@ EOF
 then ok "a layout file of one's own splits as written"; else notok "own layout file"; diag "$ERR"; fi
 run tps verify "$T/mine" --source "$S"
 [ "$RC" = 0 ] && ok "and verifies (the manifest keeps the layout file)" || { notok "own layout verify"; diag "$OUT"; }
+# fuse entries under `when`: the one whose condition holds applies (attention_bias is false
+# here); two entries may share a module only when their conditions never hold together
+for w in "truthy: true" "falsy: true"; do
+  n=$( [ "$w" = "truthy: true" ] && echo qkv_b || echo qkv_nb )
+  printf '  - into: %s\n    when: {field: attention_bias, %s}\n    parts:\n      - {module: q_proj, heads: num_attention_heads}\n      - {module: k_proj, heads: num_key_value_heads, replicate: true}\n      - {module: v_proj, heads: num_key_value_heads, replicate: true}\n' "$n" "$w"
+done >"$T/when.fuse"
+{ printf 'name: qkv-when\ntarget: "an engine of mine 1.0"\nserves:\n  architectures: [LlamaForCausalLM]\nsplit: chunk\nfuse:\n'; cat "$T/when.fuse"; } >"$T/when.yaml"
+run tps split "$S" --tp 4 --layout "$T/when.yaml" -o "$T/when" -q
+if [ "$RC" = 0 ] && python3 - "$T/when/model-rank-1-part-0.safetensors" <<'EOF'
+import json, struct, sys
+f = open(sys.argv[1], "rb"); n = struct.unpack("<Q", f.read(8))[0]
+h = json.loads(f.read(n))
+assert "model.layers.0.self_attn.qkv_nb.weight" in h and not any(".qkv_b." in k for k in h), sorted(h)[:8]
+EOF
+then ok "a fuse entry applies only where its when holds"; else notok "fuse when"; diag "$ERR"; fi
+sed 's/falsy: true/truthy: true/' "$T/when.yaml" >"$T/when2.yaml"
+expect_exit 1 "two fuse entries of one module that may both apply are an error" -- \
+  tps plan "$S" --tp 2 --layout "$T/when2.yaml"
+expect_stderr_has "already fused" "naming the module fused twice"
 printf 'name: bad\ntarget: x\nfuse:\n  - into: a\n    parts: [{module: q_proj}]\n' >"$T/bad.yaml"
 expect_exit 1 "a malformed layout file is an error" -- tps plan "$S" --tp 2 --layout "$T/bad.yaml"
 expect_stderr_has "bad.yaml:5" "naming the file and line"

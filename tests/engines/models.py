@@ -148,18 +148,26 @@ def _router(module):
 
 
 def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64, v=128,
-                inter=512, moe_inter=256, experts=4, shared=1, vocab=190, layers=2, seed=3):
+                inter=512, moe_inter=256, experts=4, shared=1, vocab=190, layers=2, seed=3,
+                v2_lite=False):
     """DeepseekV3ForCausalLM in HF names (layer 0 dense, the rest MoE with the
-    noaux_tc F32 router bias), sizes that block-FP8 can split at tp 2."""
+    noaux_tc F32 router bias), sizes that block-FP8 can split at tp 2.
+    v2_lite: DeepseekV2ForCausalLM as DeepSeek-V2-Lite ships it instead (no
+    query LoRA: q_proj; a greedy softmax router without a bias)."""
+    if v2_lite:
+        q_lora = None
     s = {"model.embed_tokens.weight": (vocab, H), "model.norm.weight": (H,),
          "lm_head.weight": (vocab, H)}
     for i in range(layers):
         p = f"model.layers.{i}."
         s[p + "input_layernorm.weight"] = (H,)
         s[p + "post_attention_layernorm.weight"] = (H,)
-        s[p + "self_attn.q_a_proj.weight"] = (q_lora, H)
-        s[p + "self_attn.q_a_layernorm.weight"] = (q_lora,)
-        s[p + "self_attn.q_b_proj.weight"] = (heads * (nope + rope), q_lora)
+        if q_lora:
+            s[p + "self_attn.q_a_proj.weight"] = (q_lora, H)
+            s[p + "self_attn.q_a_layernorm.weight"] = (q_lora,)
+            s[p + "self_attn.q_b_proj.weight"] = (heads * (nope + rope), q_lora)
+        else:  # DeepSeek-V2-Lite: no query LoRA, one q_proj
+            s[p + "self_attn.q_proj.weight"] = (heads * (nope + rope), H)
         s[p + "self_attn.kv_a_proj_with_mqa.weight"] = (kv_lora + rope, H)
         s[p + "self_attn.kv_a_layernorm.weight"] = (kv_lora,)
         s[p + "self_attn.kv_b_proj.weight"] = (heads * (nope + v), kv_lora)
@@ -193,6 +201,14 @@ def deepseek_v3(out, H=256, heads=4, q_lora=128, kv_lora=128, nope=128, rope=64,
                             "beta_fast": 32, "beta_slow": 1, "mscale": 1.0,
                             "mscale_all_dim": 1.0},
            "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1}
+    if v2_lite:
+        cfg.update({"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                    "q_lora_rank": None, "topk_method": "greedy", "scoring_func": "softmax",
+                    "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+                    "routed_scaling_factor": 1.0})
+        del cfg["rope_interleave"]
+        family_oracle.write_model(out, s, cfg, "BF16", seed)
+        return None
     family_oracle.write_model(out, s, cfg, "BF16", seed)
     # the router bias is F32 in the published checkpoints
     config, tensors = serving_oracle.load_checkpoint(out)
@@ -296,6 +312,9 @@ MODELS = {
                     experts=4, inter=16, vocab=256),
     "deepseek_v3": _copy("testdata/conformance/vllm-deepseekv3-bf16-tp2/model"),
     "deepseek_v3-yarn": deepseek_v3,
+    # the conformance case's sizes (testdata/conformance/vllm-deepseekv2-lite-bf16-tp2)
+    "deepseek_v2-lite": lambda out: deepseek_v3(out, H=128, kv_lora=64, nope=64, rope=32, v=64,
+                                                inter=256, moe_inter=64, v2_lite=True),
     # dense FP8
     "llama-fp8-block": _quant("fp8-block-llama"),
     "qwen3-fp8-block-bf16scale": _quant("fp8-block-qwen3-i384", I=512),

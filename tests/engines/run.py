@@ -55,6 +55,7 @@ CASES = [
     (V, "qwen3_moe", "bf16", 2, 1), (V, "qwen3_moe", "bf16", 4, 1),
     (V, "mixtral", "bf16", 2, 1), (V, "mixtral", "bf16", 4, 1),
     (V, "deepseek_v3", "bf16", 2, 1), (V, "deepseek_v3", "bf16", 4, 1),
+    (V, "deepseek_v2-lite", "bf16", 2, 1), (V, "deepseek_v2-lite", "bf16", 4, 1),
     # FP8 dense, vLLM
     (V, "llama-fp8-block", "fp8-block", 2, 1), (V, "llama-fp8-block", "fp8-block", 4, 1),
     (V, "qwen3-fp8-block-bf16scale", "fp8-block", 2, 1),
@@ -89,6 +90,7 @@ CASES = [
     (S, "qwen2", "bf16", 2, 1), (S, "qwen3-tied", "bf16", 2, 1), (S, "mistral", "bf16", 2, 1),
     (S, "phi3", "bf16", 2, 1), (S, "gemma3-tied", "bf16", 2, 1),
     (S, "qwen3_moe", "bf16", 2, 1), (S, "mixtral", "bf16", 2, 1), (S, "deepseek_v3-yarn", "bf16", 2, 1),
+    (S, "deepseek_v2-lite", "bf16", 2, 1),
     (S, "llama-fp8-block", "fp8-block", 2, 1), (S, "qwen3-ct-fp8-channel", "ct-fp8-channel", 2, 1),
     (S, "qwen3_moe-fp8-block-i256", "fp8-block", 2, 1),
     (S, "qwen3_moe-fp8-block-i384", "fp8-block", 2, 1),
