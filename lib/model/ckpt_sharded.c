@@ -515,8 +515,11 @@ static tps_err read_source(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         if (cJSON_IsObject(md))
             cJSON_AddItemToObject(ck->origin_meta, nm->valuestring, cJSON_Duplicate(md, 1));
         const cJSON *hd = cJSON_GetObjectItemCaseSensitive(f, "header");
+        /* a reference into the manifest, which lives as long as ck (a copy
+         * was 12 MB for a DeepSeek-V3-sized header) */
         if (cJSON_IsString(hd))
-            cJSON_AddStringToObject(ck->origin_header, nm->valuestring, hd->valuestring);
+            cJSON_AddItemToObject(ck->origin_header, nm->valuestring,
+                                  cJSON_CreateStringReference(hd->valuestring));
     }
     const cJSON *iname = cJSON_GetObjectItemCaseSensitive(src, "index");
     if (cJSON_IsString(iname)) {
