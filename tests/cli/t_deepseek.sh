@@ -184,6 +184,13 @@ for lay in dtensor vllm sglang; do
     else notok "V2-Lite $lay tp $tp: merge differs from the source"; fi
   done
 done
+for lay in vllm sglang; do
+  for tp in 2 4; do
+    d="$T/v2-$lay-ep$tp"
+    expect_exit 0 "V2-Lite $lay --ep tp $tp: split" -- tps split "$V2" --tp "$tp" --ep --layout "$lay" -o "$d" -q || continue
+    expect_exit 0 "V2-Lite $lay --ep tp $tp: verify --source" -- tps verify "$d" --source "$V2"
+  done
+done
 # vLLM's wrapper holds q_proj (mla_attn.q_proj); kv_a_proj_with_mqa keeps its name
 if python3 - "$T/v2-vllm-2" <<'PY'
 import json, struct, sys
