@@ -475,6 +475,8 @@ struct tps_ckpt {
 };
 
 /* A sharded directory's rank file f: its tensor of that name, or NULL. */
+/* f->byname: f->st's tensors sorted by name, for tps_cfile_find. */
+tps_err tps_cfile_index(tps_ctx *ctx, tps_cfile *f);
 const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name);
 
 /* Is name a source tensor the split's layout left out (the manifest's dropped[])? */

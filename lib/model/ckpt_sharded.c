@@ -38,7 +38,7 @@ static int cmp_info_name(const void *a, const void *b)
 }
 
 /* Rank files are searched once per (tensor, rank): by name, in log time. */
-static tps_err index_by_name(tps_ctx *ctx, tps_cfile *f)
+tps_err tps_cfile_index(tps_ctx *ctx, tps_cfile *f)
 {
     f->byname = tps_xmalloc(f->st->n * sizeof *f->byname);
     if (!f->byname) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
@@ -571,7 +571,7 @@ static tps_err open_rank_files(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
         TPS_CHECK(tps_ck_add_file(ctx, ck, nm->valuestring, &fi));
         ck->files[fi].rank = rk->valueint;
         ck->rank_present[rk->valueint] = 1;
-        TPS_CHECK(index_by_name(ctx, &ck->files[fi]));
+        TPS_CHECK(tps_cfile_index(ctx, &ck->files[fi]));
         /* A rank file's header text and metadata are not needed once
          * parsed (a source file's are: merge gives them back); 4 MB and
          * 2 MB a rank for 18,867 tensors. */

@@ -442,12 +442,6 @@ static tps_err same_rows(tps_ctx *ctx, const tps_ckpt *ck, size_t i, int p, char
     return TPS_OK;
 }
 
-static int cmp_info_name(const void *a, const void *b)
-{
-    return strcmp((*(const tps_st_tensor_info *const *)a)->name,
-                  (*(const tps_st_tensor_info *const *)b)->name);
-}
-
 /* The source file's own header, validated against the tensors it must
  * describe; their offsets come from it, so the file returns byte for byte. */
 static tps_err original_header(tps_ctx *ctx, const tps_ckpt *ck, const char *origin, const char *text,
@@ -465,20 +459,11 @@ static tps_err original_header(tps_ctx *ctx, const tps_ckpt *ck, const char *ori
                                   ck->path, origin, st->n, n);
     /* the header's tensors by name, each of the manifest's found by bisection
      * (a linear search each was 45% of merging a 94k-tensor checkpoint) */
-    const tps_st_tensor_info **by = rc ? NULL : tps_xmalloc((st->n ? st->n : 1) * sizeof *by);
-    if (!rc && !by) rc = tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    for (size_t i = 0; !rc && i < st->n; i++) by[i] = &st->t[i];
-    if (!rc && st->n > 1) qsort(by, st->n, sizeof *by, cmp_info_name);
+    tps_cfile hf = {.st = st};
+    if (!rc) rc = tps_cfile_index(ctx, &hf);
     for (size_t k = 0; !rc && k < n; k++) {
         const tps_ctensor *t = &ck->t[map[k]];
-        const tps_st_tensor_info *hit = NULL;
-        for (size_t lo = 0, hi = st->n; !hit && lo < hi;) {
-            size_t mid = lo + (hi - lo) / 2;
-            int c = strcmp(by[mid]->name, t->name);
-            if (c == 0) hit = by[mid];
-            else if (c < 0) lo = mid + 1;
-            else hi = mid;
-        }
+        const tps_st_tensor_info *hit = tps_cfile_find(&hf, t->name);
         size_t i = hit ? (size_t)(hit - st->t) : st->n;
         int same = i < st->n && st->t[i].dtype == t->dtype && st->t[i].ndim == t->ndim;
         for (int d = 0; same && d < t->ndim; d++) same = st->t[i].shape[d] == t->shape[d];
@@ -488,7 +473,7 @@ static tps_err original_header(tps_ctx *ctx, const tps_ckpt *ck, const char *ori
         else
             ent[k].offset = st->t[i].begin;
     }
-    free(by);
+    free(hf.byname);
     tps_st_free(st);
     if (rc) return rc;
     *hdr = tps_xmalloc(8 + len);
