@@ -236,6 +236,12 @@ def dirs(out):
     model_dir(out, "dir_tensor_two_parts", "model.norm.weight",
               "model.norm.weight is in both parts",
               {P1: dict(A, **B), P2: B}, idx(good_map))
+    model_dir(out, "dir_tensor_unmapped", "lm_head.weight",
+              "part 2 holds lm_head.weight too, which the index does not map",
+              {P1: A, P2: dict(B, **{"lm_head.weight": emb})}, idx(good_map, 272))
+    model_dir(out, "dir_mapped_not_held", "lm_head.weight",
+              "the index maps lm_head.weight to part 2, which does not hold it",
+              {P1: A, P2: B}, idx(dict(good_map, **{"lm_head.weight": P2})))
     model_dir(out, "dir_index_not_json", "json", "the index is not JSON",
               {P1: A, P2: B}, '{"metadata": {"total_size": 144}, "weight_map": {')
     model_dir(out, "dir_weight_map_not_object", "weight_map", "weight_map is an array",
