@@ -373,8 +373,14 @@ typedef struct {
         double value;       /* VALUE */
     };
     tps_fill_kind kind;
-} tps_fill; /* 48 bytes: one a piece of a serving layout's rank tensors (750k for a
-             * DeepSeek-V3-shaped split at tp 8) */
+} tps_fill;
+/* A rank tensor's fill as kept: a source piece the manifest's tensors list at
+ * that place in that rank tensor (the tps_piece itself, matched when the
+ * manifest was read: 8 bytes for each of the 750k of a DeepSeek-V3-shaped
+ * split at tp 8, not a 48-byte tps_fill), or (odd) 1 + 2 x its index in the
+ * rank tensor's xfills: zeros, a constant, a source piece no tensor entry
+ * matches (check says so) or one of an absent rank. */
+typedef uintptr_t tps_fillref;
 typedef struct {
     const char *name;
     int rank;
@@ -382,9 +388,27 @@ typedef struct {
     tps_dtype dtype;
     uint64_t off;      /* absolute offset of its bytes in that file */
     uint64_t nbytes;
-    tps_fill *fills;   /* sorted by at */
+    tps_fillref *fills; /* in the manifest's order (by at, when well formed) */
     size_t nfills;
+    tps_fill *xfills;   /* the fills no piece stands for */
+    size_t nxfills;
 } tps_crtensor;
+
+/* Fill j of rank tensor rt: its piece (NULL: none), and as a tps_fill in
+ * *out (a piece's: its at, file bytes, run and stride; source NULL). */
+static inline const tps_piece *tps_crt_fill(const tps_crtensor *rt, size_t j, tps_fill *out)
+{
+    tps_fillref f = rt->fills[j];
+    if (f & 1) {
+        *out = rt->xfills[f >> 1];
+        return NULL;
+    }
+    const tps_piece *pc = (const tps_piece *)f;
+    uint64_t run = pc->rep_n ? 0 : pc->run;
+    *out = (tps_fill){.at = pc->at, .nbytes = pc->fbytes, .run = run,
+                      .stride = run ? pc->stride : 0, .source = NULL, .kind = TPS_FILL_SOURCE};
+    return pc;
+}
 
 /* name and origin are borrowed from strings the checkpoint keeps anyway (the
  * file's header table, the manifest, the origins list); pieces come from the

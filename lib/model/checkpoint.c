@@ -40,7 +40,10 @@ void tps_ckpt_free(tps_ckpt *ck)
     for (size_t i = 0; i < ck->n; i++) {
         free(ck->t[i].placement);
     }
-    for (size_t i = 0; i < ck->nrts; i++) free(ck->rts[i].fills);
+    for (size_t i = 0; i < ck->nrts; i++) {
+        free(ck->rts[i].fills);
+        free(ck->rts[i].xfills);
+    }
     free(ck->rts);
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);

@@ -320,6 +320,8 @@ typedef struct {
      * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */
     size_t *rank_files, *rank_start;
     unsigned char **seen; /* [file][tensor]: the manifest accounts for it */
+    tps_fill *tmp;        /* one rank tensor's fills as read, before they are matched */
+    size_t cap_tmp;
 } shard_rd;
 
 /* The manifest parsed: whole, or (its usual shape) all but its two long
@@ -336,14 +338,15 @@ static tps_err parse_manifest(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const tps
     tlen = tx->len;
     if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
         /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
-        rest = malloc(tlen + 8);
-        TPS_FAIL_IF(!rest, ctx, TPS_E_NOMEM, "out of memory");
         const js_span *a = &sp[0], *b = sp[1].b ? &sp[1] : NULL;
         if (b && b->b < a->b) {
             const js_span *x = a;
             a = b;
             b = x;
         }
+        /* what is left of the text (a few MB of a 268 MB manifest), not its size */
+        rest = malloc(tlen - (size_t)(a->e - a->b) - (b ? (size_t)(b->e - b->b) : 0) + 8);
+        TPS_FAIL_IF(!rest, ctx, TPS_E_NOMEM, "out of memory");
         size_t o = 0;
         memcpy(rest + o, text, (size_t)(a->b - text));
         o += (size_t)(a->b - text);
@@ -926,6 +929,36 @@ out:
     return rc;
 }
 
+/* Rank tensor rt's fills as read (tmp, rt->nfills of them) kept: each source
+ * fill that a piece of the manifest's tensors stands for (the same rank
+ * file, rank tensor, place, bytes, run and stride) as that piece, the rest
+ * (zeros, constants, unmatched sources, an absent rank's) in rt->xfills.
+ * The tensors are read and sorted by now. */
+static tps_err keep_fills(tps_ctx *ctx, tps_ckpt *ck, tps_crtensor *rt, const tps_fill *tmp)
+{
+    size_t nx = 0;
+    for (size_t j = 0; j < rt->nfills; j++) {
+        const tps_fill *fl = &tmp[j];
+        const tps_piece *hit = NULL;
+        int i = rt->file >= 0 && fl->kind == TPS_FILL_SOURCE ? tps_ckpt_find(ck, fl->source) : -1;
+        const tps_ctensor *t = i >= 0 ? &ck->t[i] : NULL;
+        for (int p = 0; t && p < t->npieces + t->nreplicas && !hit; p++) {
+            const tps_piece *pc = p < t->npieces ? &t->pieces[p] : &t->replicas[p - t->npieces];
+            uint64_t prun = pc->rep_n ? 0 : pc->run, pstr = pc->rep_n ? 0 : pc->stride;
+            if (pc->file == rt->file && !strcmp(pc->holder, rt->name) && pc->at == fl->at &&
+                pc->fbytes == fl->nbytes && prun == fl->run && (!prun || pstr == fl->stride))
+                hit = pc;
+        }
+        rt->fills[j] = hit ? (tps_fillref)hit : (tps_fillref)(1 + 2 * nx++);
+    }
+    if (!nx) return TPS_OK;
+    rt->xfills = tps_xmalloc(nx * sizeof *rt->xfills);
+    if (!rt->xfills) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    for (size_t j = 0; j < rt->nfills; j++)
+        if (rt->fills[j] & 1) rt->xfills[rt->nxfills++] = tmp[j];
+    return TPS_OK;
+}
+
 /* Rank tensor entry e: the next of ck->rts, its fills, and (its rank
  * present) the rank file holding it. */
 static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const cJSON *e)
@@ -957,9 +990,17 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
     rt->nfills = (size_t)cJSON_GetArraySize(ps);
     rt->fills = tps_xcalloc(rt->nfills ? rt->nfills : 1, sizeof *rt->fills);
     TPS_FAIL_IF(!rt->fills, ctx, TPS_E_NOMEM, "out of memory");
+    if (rt->nfills > S->cap_tmp) {
+        free(S->tmp);
+        S->cap_tmp = rt->nfills;
+        S->tmp = tps_xmalloc(S->cap_tmp * sizeof *S->tmp);
+        if (!S->tmp) S->cap_tmp = 0;
+        TPS_FAIL_IF(!S->tmp, ctx, TPS_E_NOMEM, "out of memory");
+    }
     size_t k = 0;
     for (const cJSON *p = ps->child; p; p = p->next, k++) {
-        tps_fill *fl = &rt->fills[k];
+        tps_fill *fl = &S->tmp[k];
+        memset(fl, 0, sizeof *fl);
         const cJSON *sj = cJSON_GetObjectItemCaseSensitive(p, "source");
         const cJSON *val = cJSON_GetObjectItemCaseSensitive(p, "value");
         TPS_FAIL_IF(!json_u64(cJSON_GetObjectItemCaseSensitive(p, "at"), &fl->at) ||
@@ -985,7 +1026,7 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
             fl->value = val->valuedouble;
         }
     }
-    if (!ck->rank_present[rt->rank]) return TPS_OK;
+    if (!ck->rank_present[rt->rank]) return keep_fills(ctx, ck, rt, S->tmp);
     size_t fi = ck->nfiles;
     for (size_t j = rank_start[rt->rank]; j < rank_start[rt->rank + 1]; j++)
         if (strcmp(ck->files[rank_files[j]].name, fn->valuestring) == 0) fi = rank_files[j];
@@ -1003,6 +1044,7 @@ static tps_err read_rank_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const c
                 ck->files[fi].path, rt->name);
     rt->file = (int)fi;
     rt->off = ck->files[fi].st->data_start + si->begin;
+    rc = keep_fills(ctx, ck, rt, S->tmp);
 out:
     return rc;
 }
@@ -1064,14 +1106,16 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
     TPS_CHECK(open_rank_files(ctx, ck, mpath));
     TPS_CHECK(index_rank_files(ctx, ck, &S));
     TPS_CHECK(read_tensors(ctx, ck, &S));
-    TPS_CHECK(read_rank_tensors(ctx, ck, &S));
+    /* sorted before the rank tensors: their fills are matched to the pieces by name */
     TPS_CHECK(tps_ck_sort_and_dedup(ctx, ck));
+    TPS_CHECK(read_rank_tensors(ctx, ck, &S));
     TPS_CHECK(read_untie(ctx, ck, mpath));
     TPS_CHECK(check_seen(ctx, ck, &S));
 out:
     cJSON_Delete(S.it.el);
     for (size_t fi = 0; S.seen && fi < ck->nfiles; fi++) free(S.seen[fi]);
     free(S.seen);
+    free(S.tmp);
     free(S.rank_files);
     free(S.rank_start);
     return rc;

@@ -224,7 +224,11 @@ tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
         if (rt->file < 0) continue;
         const char *fname = ck->files[rt->file].path;
         int strided = 0;
-        for (size_t j = 0; j < rt->nfills; j++) strided |= rt->fills[j].run != 0;
+        for (size_t j = 0; j < rt->nfills; j++) {
+            tps_fill f;
+            tps_crt_fill(rt, j, &f);
+            strided |= f.run != 0;
+        }
         free(seen);
         seen = NULL;
         if (strided) {
@@ -233,7 +237,10 @@ tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
         }
         uint64_t at = 0;
         for (size_t j = 0; j < rt->nfills; j++) {
-            const tps_fill *fl = &rt->fills[j];
+            tps_fill fv;
+            /* a piece of the manifest's tensors stands for it: matched when read */
+            const tps_piece *matched = tps_crt_fill(rt, j, &fv);
+            const tps_fill *fl = &fv;
             uint64_t run = fl->run ? fl->run : fl->nbytes, stride = fl->run ? fl->stride : fl->nbytes;
             uint64_t nrun = run ? fl->nbytes / run : 0;
             if (!strided) {
@@ -260,6 +267,7 @@ tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck)
                 at += fl->nbytes;
             }
             if (fl->kind == TPS_FILL_SOURCE) {
+                if (matched) continue;
                 int i = tps_ckpt_find(ck, fl->source), found = 0;
                 for (int p = 0; i >= 0 && p < all_pieces(&ck->t[i]) && !found; p++) {
                     const tps_piece *pc = piece_n(&ck->t[i], p);

@@ -328,8 +328,8 @@ static tps_err check_rest(vctx *V)
     if (V->ck->nrts && !o->tensors_glob) {
         size_t nz = 0;
         for (size_t k = 0; k < V->ck->nrts; k++)
-            for (size_t j = 0; j < V->ck->rts[k].nfills; j++)
-                nz += V->ck->rts[k].fills[j].kind != TPS_FILL_SOURCE;
+            for (size_t j = 0; j < V->ck->rts[k].nxfills; j++)
+                nz += V->ck->rts[k].xfills[j].kind != TPS_FILL_SOURCE;
         tps_err fe = tps_check_fills(ctx, V->ck);
         TPS_FAIL_IF(fe && fe != TPS_E_MISMATCH, ctx, fe, "%s", tps_ctx_errmsg(ctx));
         TPS_FAIL_IF(tps_va_rep_add(R, "padding and constants", "padding", 0, 0, fe ? 1 : 0, nz, !fe,
