@@ -331,23 +331,22 @@ static inline void tps_xform_grid(const tps_xform *x, int dim, uint64_t rows, ui
 
 typedef struct {
     int file;         /* index into ck->files */
-    int rank;         /* sharded dirs: the rank it came from; else 0 */
-    uint64_t off;     /* absolute offset of the piece's bytes in that file */
-    uint64_t lo, hi;  /* range along the tensor's dim (dim >= 0) */
-    uint64_t nbytes;
     uint32_t crc;     /* sharded dirs: manifest CRC32; else 0 */
-    uint8_t has_crc;
-    uint8_t tr;       /* transposed (tps_xform.tr): its region's last two dims swapped
-                       * in the file; reads undo it */
-    uint16_t spare_;
-    const char *holder; /* sharded dirs: the rank tensor holding it (a serving
-                         * layout's fused or padded tensor), or the tensor's own name */
-    uint64_t at;        /* its byte offset in that rank tensor */
-    tps_dtype stored;   /* the dtype its bytes are in: the tensor's, or F32 when a
-                         * serving layout widened it (scales); reads narrow it back */
+    uint16_t rank;    /* sharded dirs: the rank it came from (tp x pp <= 65536); else 0 */
     /* a refined grid (tps_xform), F32, cut along the tensor's dim; reads
      * undo it. rep_n 0: none */
     uint16_t rep_n, rep_k;
+    uint8_t stored;   /* the tps_dtype its bytes are in: the tensor's, or F32 when a
+                       * serving layout widened it (scales); reads narrow it back */
+    uint8_t has_crc : 1;
+    uint8_t tr : 1;   /* transposed (tps_xform.tr): its region's last two dims swapped
+                       * in the file; reads undo it */
+    uint64_t off;     /* absolute offset of the piece's bytes in that file */
+    uint64_t lo, hi;  /* range along the tensor's dim (dim >= 0) */
+    uint64_t nbytes;
+    const char *holder; /* sharded dirs: the rank tensor holding it (a serving
+                         * layout's fused or padded tensor), or the tensor's own name */
+    uint64_t at;        /* its byte offset in that rank tensor */
     uint64_t fbytes;    /* its bytes in the file: nbytes, or more when widened */
     union {
         struct {
@@ -360,7 +359,7 @@ typedef struct {
             uint32_t run, stride;
         };
     };
-} tps_piece;
+} tps_piece; /* 80 bytes: 723k of them for a DeepSeek-V3-shaped vllm split at tp 8 */
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
  * (manifest rank_tensors): what each of its bytes is. */
@@ -427,7 +426,8 @@ typedef struct {
                          * here or not (npieces counts the present ones) */
     tps_piece *replicas;
     const char *origin; /* the original file name it belongs to (merge) */
-    char *placement;    /* sharded dirs: "Replicate", "Shard(0)"... else NULL */
+    const char *placement; /* sharded dirs: "Replicate", "Shard(0)"... (kept once by the
+                            * checkpoint's string set), else NULL */
     /* An untied head (--untie): the embedding whose bytes it holds, or NULL.
      * Not part of the original files: merge leaves it out. */
     const char *derived_from;

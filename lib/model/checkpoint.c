@@ -37,9 +37,6 @@ void tps_ckpt_free(tps_ckpt *ck)
         tps_st_free(ck->files[i].st);
         free(ck->files[i].byname);
     }
-    for (size_t i = 0; i < ck->n; i++) {
-        free(ck->t[i].placement);
-    }
     for (size_t i = 0; i < ck->nrts; i++) {
         free(ck->rts[i].fills);
         free(ck->rts[i].xfills);

@@ -866,7 +866,7 @@ static tps_err read_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const cJSON 
     TPS_FAIL_IF(!cJSON_IsNumber(dm) || dm->valueint < -1 || dm->valueint >= t->ndim, ctx,
                 TPS_E_JSON, "%s: tensor '%s': bad dim", mpath, t->name);
     t->dim = dm->valueint;
-    t->placement = tps_strdup(cJSON_IsString(pl) ? pl->valuestring : "?");
+    t->placement = ck_keep(ck, cJSON_IsString(pl) ? pl->valuestring : "?");
     t->origin = NULL;
     for (size_t k = 0; k < ck->norigins && !t->origin; k++)
         if (cJSON_IsString(sf) && !strcmp(ck->origins[k], sf->valuestring)) t->origin = ck->origins[k];

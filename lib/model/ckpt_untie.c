@@ -111,10 +111,7 @@ tps_err tps_ckpt_untie(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan)
     *ht = ck->t[e];
     ht->name = head;
     ht->derived_from = ck->t[e].name;
-    if (ck->t[e].placement) {
-        ht->placement = tps_strdup(ck->t[e].placement);
-        TPS_FAIL_IF(!ht->placement, ctx, TPS_E_NOMEM, "out of memory");
-    }
+    /* placement: the embedding's, borrowed as it is (the checkpoint keeps it) */
     ck->n++;
     ck->untie_head = head;
     head = NULL;

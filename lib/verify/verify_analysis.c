@@ -224,7 +224,7 @@ static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
     }
     for (int p = 0; p < ct->npieces; p++) {
         const tps_piece *pc = &ct->pieces[p];
-        if (pc->rank < 0 || pc->rank >= tp || u->piece[pc->rank] >= 0) {
+        if (pc->rank >= tp || u->piece[pc->rank] >= 0) {
             u->pre = tps_asprintf("manifest lists rank %d twice or out of range", pc->rank);
             return 1;
         }
