@@ -264,6 +264,8 @@ struct tps_st {
     size_t raw_len;
     uint64_t **shape_chunks; /* the tensors' shapes (chunks never move) */
     size_t nshape_chunks, shape_left;
+    int names_kept; /* the tensors' names are borrowed (a sharded checkpoint's string
+                     * set holds them), not freed with it */
 };
 
 /* Parses a header buffer (the N bytes after the length). label names the file. */

@@ -33,7 +33,7 @@ uint64_t tps_nbytes(tps_dtype d, const uint64_t *shape, int ndim, int *ovf, int 
 
 static void st_free_fields(tps_st *st)
 {
-    for (size_t i = 0; i < st->n; i++) free(st->t[i].name);
+    for (size_t i = 0; i < st->n && !st->names_kept; i++) free(st->t[i].name);
     for (size_t i = 0; i < st->nmeta; i++) {
         free(st->mkeys[i]);
         free(st->mvals[i]);
