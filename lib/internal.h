@@ -1305,6 +1305,9 @@ uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min,
 #define TPS_MANIFEST "tpshard.json"
 #define TPS_MANIFEST_FORMAT 1        /* the DTensor layout */
 #define TPS_MANIFEST_FORMAT_LAYOUT 2 /* a serving layout: pieces, rank_tensors */
-#define TPS_MAX_MANIFEST_ENTRIES 1048576 /* tensors x tp */
+/* tensor-rank entries (and rank tensors) a manifest may list: Kimi-K2's 142k
+ * tensors at tp 8 are 1.1M in the vLLM layout; the pieces read back take 80
+ * bytes each, the manifest's text about 360 */
+#define TPS_MAX_MANIFEST_ENTRIES 16777216
 
 #endif

@@ -1149,7 +1149,7 @@ tps_err tps_ck_open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     /* on the heap: the scans change it after the sigsetjmp below */
     tps_text *tx = tps_xcalloc(1, sizeof *tx);
     if (!tx) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    tps_err rc = tps_text_open(ctx, mpath, MAX_JSON_FILE, tx);
+    tps_err rc = tps_text_open(ctx, mpath, MAX_MANIFEST_FILE, tx);
     if (rc) {
         free(tx);
         return rc;

@@ -1904,7 +1904,7 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
                         o->tp, L->tp);
     /* A manifest lists every (tensor, rank) piece, and a serving layout's
      * every rank tensor: past this either list would outgrow what check,
-     * merge and verify read back (about 235 bytes an entry). */
+     * merge and verify read back (about 360 bytes of text an entry). */
     size_t most = L->npieces > L->nrt ? L->npieces : L->nrt;
     if (most > TPS_MAX_MANIFEST_ENTRIES)
         return tps_fail(ctx, TPS_E_NOMEM,
