@@ -1300,6 +1300,32 @@ typedef struct {
 uint64_t tps_align_data_offset(const tps_align_run *r, size_t n, uint64_t h_min, uint32_t blk,
                                uint64_t min_gain, uint64_t *shared);
 
+/* ------------------------------------------------------------------ manifest arrays (common/jsarr.c) */
+
+typedef struct {
+    const char *b, *e; /* the array's text, [ to ] inclusive; b NULL: absent */
+} tps_js_span;
+
+/* The elements of one of those arrays: one at a time from its text (span
+ * set), or from the tree (a manifest parsed whole). Each element lives until
+ * the next call; js_iter_start again runs through them once more. */
+typedef struct {
+    const char *b, *p, *e; /* the array's text, or b NULL */
+    const cJSON *next;     /* the tree's next element */
+    cJSON *el;             /* the element parsed from the text */
+    const char *what;
+    size_t i;
+} tps_js_iter;
+
+void tps_js_iter_start(tps_js_iter *it, const tps_js_span *sp, const cJSON *arr, const char *what);
+tps_err tps_js_iter_next(tps_ctx *ctx, const char *mpath, tps_js_iter *it, const cJSON **out);
+void tps_js_iter_free(tps_js_iter *it);
+/* A manifest's text (tx_p, tx_len; mpath names it) parsed: whole into *root
+ * (sp[0].b, sp[1].b NULL), or (its usual shape) all but its tensors and
+ * rank_tensors arrays, whose spans sp[0] and sp[1] get. */
+tps_err tps_js_parse_manifest(tps_ctx *ctx, const char *mpath, const char *tx_p, size_t tx_len,
+                              cJSON **root, tps_js_span *sp);
+
 /* ------------------------------------------------------------------ manifest */
 
 #define TPS_MANIFEST "tpshard.json"

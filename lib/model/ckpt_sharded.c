@@ -121,142 +121,6 @@ static tps_err read_untie(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     return TPS_OK;
 }
 
-/* ------------------------------------------------------------------ streamed manifest arrays */
-
-/* The manifest's two long arrays (tensors, one entry a tensor with one a
- * rank; rank_tensors) are read one element at a time: as a cJSON tree the
- * manifest of a 128-expert, 48-layer MoE at tp 8 (18,867 tensors, 25 MB)
- * took 250 MB. The rest of the manifest is parsed whole, with each of those
- * arrays' text replaced by []. Strings the tensors keep are copied into
- * ck's own string chunks, since each element's tree is freed. */
-
-static const char *js_ws(const char *p, const char *e)
-{
-    while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
-    return p;
-}
-
-/* Past one JSON value (NULL when malformed; the full parse then says why). */
-static const char *js_skip(const char *p, const char *e)
-{
-    int depth = 0;
-    do {
-        tps_text_behind(p);
-        p = js_ws(p, e);
-        if (p >= e) return NULL;
-        if (*p == '"') {
-            for (p++; p < e && *p != '"'; p++)
-                if (*p == '\\') p++;
-            if (p >= e) return NULL;
-            p++;
-        } else if (*p == '[' || *p == '{') {
-            depth++;
-            p++;
-        } else if (*p == ']' || *p == '}') {
-            if (--depth < 0) return NULL;
-            p++;
-        } else if (*p == ',' || *p == ':') {
-            if (!depth) return NULL;
-            p++;
-        } else {
-            const char *q = p;
-            while (p < e && *p && !strchr(" \t\r\n,:]}[{\"", *p)) p++;
-            if (p == q) return NULL; /* a NUL byte: no JSON token starts there */
-        }
-    } while (depth > 0);
-    return p;
-}
-
-typedef struct {
-    const char *b, *e; /* the array's text, [ to ] inclusive; b NULL: absent */
-} js_span;
-
-/* Spans of the top-level members named keys[k]; -1 when the text is not an
- * object of members (the full parse reports it). */
-static int js_members(const char *t, size_t len, const char *const *keys, size_t nk, js_span *out)
-{
-    const char *p = js_ws(t, t + len), *e = t + len;
-    for (size_t k = 0; k < nk; k++) out[k].b = out[k].e = NULL;
-    if (p >= e || *p != '{') return -1;
-    p = js_ws(p + 1, e);
-    if (p < e && *p == '}') return 0;
-    for (;;) {
-        if (p >= e || *p != '"') return -1;
-        const char *k0 = p + 1, *k1 = js_skip(p, e);
-        if (!k1) return -1;
-        size_t kl = (size_t)(k1 - 1 - k0);
-        p = js_ws(k1, e);
-        if (p >= e || *p != ':') return -1;
-        const char *v = js_ws(p + 1, e), *ve = js_skip(v, e);
-        if (!ve) return -1;
-        for (size_t k = 0; k < nk; k++)
-            if (strlen(keys[k]) == kl && !memcmp(keys[k], k0, kl) && v < e && *v == '[') {
-                out[k].b = v;
-                out[k].e = ve;
-            }
-        p = js_ws(ve, e);
-        if (p < e && *p == ',') {
-            p = js_ws(p + 1, e);
-            continue;
-        }
-        return p < e && *p == '}' ? 0 : -1;
-    }
-}
-
-/* The next element of an array span: *out NULL at its end. */
-static tps_err js_next(tps_ctx *ctx, const char *mpath, const char *what, const char **pp,
-                       const char *e, size_t i, cJSON **out)
-{
-    const char *p = js_ws(*pp, e);
-    *out = NULL;
-    if (p < e && *p == '[') p = js_ws(p + 1, e);
-    else if (p < e && *p == ',') p = js_ws(p + 1, e);
-    if (p < e && *p == ']') {
-        *pp = p;
-        return TPS_OK;
-    }
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(p, (size_t)(e - p), &end, 0);
-    if (!j)
-        return tps_fail(ctx, TPS_E_JSON, "%s: %s[%zu] is not valid JSON", mpath, what, i);
-    *pp = end;
-    *out = j;
-    tps_text_behind(end);
-    return TPS_OK;
-}
-
-/* The elements of one of those arrays: one at a time from its text (span
- * set), or from the tree (a manifest parsed whole). Each element lives until
- * the next call; js_iter_start again runs through them once more. */
-typedef struct {
-    const char *b, *p, *e; /* the array's text, or b NULL */
-    const cJSON *next;     /* the tree's next element */
-    cJSON *el;             /* the element parsed from the text */
-    const char *what;
-    size_t i;
-} js_iter;
-
-static void js_iter_start(js_iter *it, const js_span *sp, const cJSON *arr, const char *what)
-{
-    cJSON_Delete(it->el);
-    *it = (js_iter){.b = sp->b, .p = sp->b, .e = sp->e, .next = arr->child, .what = what};
-}
-
-static tps_err js_iter_next(tps_ctx *ctx, const char *mpath, js_iter *it, const cJSON **out)
-{
-    cJSON_Delete(it->el);
-    it->el = NULL;
-    if (!it->b) {
-        *out = it->next;
-        if (it->next) it->next = it->next->next;
-        return TPS_OK;
-    }
-    TPS_TRY(js_next(ctx, mpath, it->what, &it->p, it->e, it->i, &it->el));
-    it->i++;
-    *out = it->el;
-    return TPS_OK;
-}
-
 static uint64_t str_hash(const char *s)
 {
     uint64_t h = 1469598103934665603ull; /* FNV-1a */
@@ -331,8 +195,8 @@ static tps_err keep_names(tps_ctx *ctx, tps_ckpt *ck, tps_st *st)
 typedef struct {
     const char *mpath;
     int v2;          /* a version 2 manifest: a serving layout's */
-    js_span sp[2];   /* the text of tensors and rank_tensors (b NULL: read from the tree) */
-    js_iter it;
+    tps_js_span sp[2]; /* the text of tensors and rank_tensors (b NULL: read from the tree) */
+    tps_js_iter it;
     /* The files of each rank, so a lookup scans only that rank's parts:
      * rank r's are rank_files[rank_start[r] .. rank_start[r + 1]). */
     size_t *rank_files, *rank_start;
@@ -345,56 +209,7 @@ typedef struct {
  * arrays, whose spans S->sp gets. */
 static tps_err parse_manifest(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const tps_text *tx)
 {
-    const char *mpath = S->mpath;
-    js_span *sp = S->sp;
-    tps_err rc = TPS_OK;
-    char *text = NULL, *rest = NULL;
-    size_t tlen = 0;
-    static const char *const big[] = {"tensors", "rank_tensors"};
-    text = tx->p;
-    tlen = tx->len;
-    if (tps_utf8_valid(text, tlen) && js_members(text, tlen, big, 2, sp) == 0 && sp[0].b) {
-        /* the rest, with both arrays' text as [] (rank_tensors after tensors or before) */
-        const js_span *a = &sp[0], *b = sp[1].b ? &sp[1] : NULL;
-        if (b && b->b < a->b) {
-            const js_span *x = a;
-            a = b;
-            b = x;
-        }
-        /* what is left of the text (a few MB of a 268 MB manifest), not its size */
-        rest = malloc(tlen - (size_t)(a->e - a->b) - (b ? (size_t)(b->e - b->b) : 0) + 8);
-        TPS_FAIL_IF(!rest, ctx, TPS_E_NOMEM, "out of memory");
-        size_t o = 0;
-        memcpy(rest + o, text, (size_t)(a->b - text));
-        o += (size_t)(a->b - text);
-        memcpy(rest + o, "[]", 2);
-        o += 2;
-        const char *from = a->e, *to = b ? b->b : text + tlen;
-        memcpy(rest + o, from, (size_t)(to - from));
-        o += (size_t)(to - from);
-        if (b) {
-            memcpy(rest + o, "[]", 2);
-            o += 2;
-            memcpy(rest + o, b->e, (size_t)(text + tlen - b->e));
-            o += (size_t)(text + tlen - b->e);
-        }
-        rest[o] = 0;
-        TPS_CHECK(tps_json_parse(ctx, mpath, rest, o, &ck->manifest));
-        free(rest);
-        rest = NULL;
-        /* the arrays' own syntax: each element is parsed with cJSON below */
-        const char *why = NULL;
-        for (int k = 0; k < 2 && !why; k++)
-            if (sp[k].b) why = tps_json_prescan_span(sp[k].b, (size_t)(sp[k].e - sp[k].b));
-        TPS_FAIL_IF(why, ctx, TPS_E_JSON, "%s: not valid JSON: %s", mpath, why);
-    } else {
-        /* not the shape a manifest has: the full parse says what is wrong */
-        TPS_CHECK(tps_json_parse(ctx, mpath, text, tlen, &ck->manifest));
-        sp[0].b = sp[1].b = NULL;
-    }
-out:
-    free(rest);
-    return rc;
+    return tps_js_parse_manifest(ctx, S->mpath, tx->p, tx->len, &ck->manifest, S->sp);
 }
 
 /* pp (absent: 1, as every manifest before pipeline stages) and, with pp > 1,
@@ -922,15 +737,15 @@ static tps_err read_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     TPS_FAIL_IF(!cJSON_IsArray(ts), ctx, TPS_E_JSON, "%s: tensors is not an array", mpath);
     size_t nt = 0, nent = 0;
     /* A first pass counts them. */
-    js_iter_start(&S->it, &S->sp[0], ts, "tensors");
+    tps_js_iter_start(&S->it, &S->sp[0], ts, "tensors");
     for (const cJSON *e;;) {
-        TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+        TPS_CHECK(tps_js_iter_next(ctx, mpath, &S->it, &e));
         if (!e) break;
         const cJSON *rs = cJSON_GetObjectItemCaseSensitive(e, "ranks");
         nent += cJSON_IsArray(rs) ? (size_t)cJSON_GetArraySize(rs) : 0;
         nt++;
     }
-    js_iter_start(&S->it, &S->sp[0], ts, "tensors");
+    tps_js_iter_start(&S->it, &S->sp[0], ts, "tensors");
     TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
                 "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
                 TPS_MAX_MANIFEST_ENTRIES);
@@ -939,7 +754,7 @@ static tps_err read_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
     size_t used = 0;
     for (const cJSON *e;;) {
-        TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+        TPS_CHECK(tps_js_iter_next(ctx, mpath, &S->it, &e));
         if (!e) break;
         TPS_CHECK(read_tensor(ctx, ck, S, e, pool, &used));
     }
@@ -1077,18 +892,18 @@ static tps_err read_rank_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     const cJSON *rts = cJSON_GetObjectItemCaseSensitive(m, "rank_tensors");
     if (v2 && cJSON_IsArray(rts)) {
         size_t nrt = 0;
-        js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
+        tps_js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
         for (const cJSON *e;;) {
-            TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+            TPS_CHECK(tps_js_iter_next(ctx, mpath, &S->it, &e));
             if (!e) break;
             nrt++;
         }
-        js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
+        tps_js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
         TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
         ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
         TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
         for (const cJSON *e;;) {
-            TPS_CHECK(js_iter_next(ctx, mpath, &S->it, &e));
+            TPS_CHECK(tps_js_iter_next(ctx, mpath, &S->it, &e));
             if (!e) break;
             TPS_CHECK(read_rank_tensor(ctx, ck, S, e));
         }
@@ -1130,7 +945,7 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
     TPS_CHECK(read_untie(ctx, ck, mpath));
     TPS_CHECK(check_seen(ctx, ck, &S));
 out:
-    cJSON_Delete(S.it.el);
+    tps_js_iter_free(&S.it);
     for (size_t fi = 0; S.seen && fi < ck->nfiles; fi++) free(S.seen[fi]);
     free(S.seen);
     free(S.tmp);
