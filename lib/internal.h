@@ -1335,5 +1335,11 @@ tps_err tps_js_parse_manifest(tps_ctx *ctx, const char *mpath, const char *tx_p,
  * tensors at tp 8 are 1.1M in the vLLM layout; the pieces read back take 80
  * bytes each, the manifest's text about 360 */
 #define TPS_MAX_MANIFEST_ENTRIES 16777216
+extern size_t tps_max_manifest_entries; /* TPS_MAX_MANIFEST_ENTRIES; tests lower it */
+/* A manifest is read a piece at a time (mapped, its pages let go behind),
+ * so its size is bounded by its entries (TPS_MAX_MANIFEST_ENTRIES), not by
+ * what a JSON tree may take: DeepSeek-V3's at tp 8 in the vLLM layout is
+ * 259 MB, Kimi-K2's 400 MB. */
+#define TPS_MAX_MANIFEST_FILE ((size_t)16 << 30)
 
 #endif

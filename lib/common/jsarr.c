@@ -10,6 +10,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+size_t tps_max_manifest_entries = TPS_MAX_MANIFEST_ENTRIES;
+
 
 /* The manifest's two long arrays (tensors, one entry a tensor with one a
  * rank; rank_tensors) are read one element at a time: as a cJSON tree the

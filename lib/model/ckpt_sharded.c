@@ -746,9 +746,9 @@ static tps_err read_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
         nt++;
     }
     tps_js_iter_start(&S->it, &S->sp[0], ts, "tensors");
-    TPS_FAIL_IF(nent > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON,
-                "%s: %zu tensor-rank entries, more than the %d a manifest may hold", mpath, nent,
-                TPS_MAX_MANIFEST_ENTRIES);
+    TPS_FAIL_IF(nent > tps_max_manifest_entries, ctx, TPS_E_JSON,
+                "%s: %zu tensor-rank entries, more than the %zu a manifest may hold", mpath, nent,
+                tps_max_manifest_entries);
     TPS_CHECK(tps_ck_grow_tensors(ctx, ck, nt));
     tps_piece *pool = tps_ck_new_pool(ctx, ck, nent ? nent : 1);
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
@@ -899,7 +899,9 @@ static tps_err read_rank_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
             nrt++;
         }
         tps_js_iter_start(&S->it, &S->sp[1], rts, "rank_tensors");
-        TPS_FAIL_IF(nrt > TPS_MAX_MANIFEST_ENTRIES, ctx, TPS_E_JSON, "%s: too many rank_tensors", mpath);
+        TPS_FAIL_IF(nrt > tps_max_manifest_entries, ctx, TPS_E_JSON,
+                    "%s: %zu rank_tensors, more than the %zu a manifest may hold", mpath, nrt,
+                    tps_max_manifest_entries);
         ck->rts = tps_xcalloc(nrt ? nrt : 1, sizeof *ck->rts);
         TPS_FAIL_IF(!ck->rts, ctx, TPS_E_NOMEM, "out of memory");
         for (const cJSON *e;;) {
@@ -964,7 +966,7 @@ tps_err tps_ck_open_sharded(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
     /* on the heap: the scans change it after the sigsetjmp below */
     tps_text *tx = tps_xcalloc(1, sizeof *tx);
     if (!tx) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    tps_err rc = tps_text_open(ctx, mpath, MAX_MANIFEST_FILE, tx);
+    tps_err rc = tps_text_open(ctx, mpath, TPS_MAX_MANIFEST_FILE, tx);
     if (rc) {
         free(tx);
         return rc;

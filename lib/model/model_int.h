@@ -7,11 +7,6 @@
 #include "internal.h"
 
 #define MAX_JSON_FILE (256u << 20)
-/* A manifest is read a piece at a time (mapped, its pages let go behind),
- * so its size is bounded by its entries (TPS_MAX_MANIFEST_ENTRIES), not by
- * what a JSON tree may take: DeepSeek-V3's at tp 8 in the vLLM layout is
- * 259 MB, Kimi-K2's 400 MB. */
-#define MAX_MANIFEST_FILE ((size_t)16 << 30)
 
 /* checkpoint.c: the rank and source files, and the tensor table */
 /* Opens file `name` of ck's directory as ck's next file (*idx). */

@@ -42,23 +42,39 @@ static int rank_of(const engine *E, const char *name)
     return tps_rank_file_parse(name, E->L->tp, E->L->pp, &r, &p) < 0 ? -1 : r;
 }
 
-static tps_err load_manifest(tps_ctx *ctx, const char *dir, cJSON **out)
+/* The manifest here, as the sharded reader reads one: its text mapped, all
+ * but its two long arrays parsed into *out, their spans in sp (a tree of a
+ * DeepSeek-V3-shaped split's 259 MB manifest took 1.7 GB). tx is open on
+ * return, error or not: prev_close. */
+static tps_err load_manifest(tps_ctx *ctx, const char *dir, cJSON **out, tps_text *tx,
+                             tps_js_span *sp)
 {
     *out = NULL;
-    char *p = tps_path_join(dir, TPS_MANIFEST), *buf = NULL;
-    size_t len;
+    memset(tx, 0, sizeof *tx);
+    sp[0].b = sp[0].e = sp[1].b = sp[1].e = NULL;
+    char *p = tps_path_join(dir, TPS_MANIFEST);
     tps_err rc = p ? TPS_OK : TPS_E_NOMEM;
     if (p && tps_exists(p)) {
-        rc = tps_read_file(ctx, p, 1u << 30, &buf, &len);
-        if (!rc) rc = tps_json_parse(ctx, p, buf, len, out);
+        rc = tps_text_open(ctx, p, TPS_MAX_MANIFEST_FILE, tx);
+        if (!rc) rc = tps_js_parse_manifest(ctx, p, tx->p, tx->len, out, sp);
     }
     free(p);
-    free(buf);
     return rc;
 }
 
+/* The joined manifest let go. */
+static void prev_close(cJSON **m, tps_text *tx, tps_js_span *sp)
+{
+    cJSON_Delete(*m);
+    *m = NULL;
+    if (tx->p) tps_text_close(tx);
+    sp[0].b = sp[0].e = sp[1].b = sp[1].e = NULL;
+}
+
+void tps_sp_prev_close(engine *E) { prev_close(&E->prev, &E->prev_text, E->prev_sp); }
+
 /* A manifest that --ranks runs can add to: same source, plan, tp, tensors. */
-static int joinable(const engine *E, const cJSON *m)
+static int joinable(const engine *E, const cJSON *m, const tps_js_span *sp)
 {
     const tps_ckpt *ck = E->ck;
     const cJSON *tp = cJSON_GetObjectItemCaseSensitive(m, "tp");
@@ -81,15 +97,22 @@ static int joinable(const engine *E, const cJSON *m)
         strcmp(pn->valuestring, tps_plan_name(E->L->plan)) || !cJSON_IsString(st) ||
         strcmp(st->valuestring, ck->stem) || !cJSON_IsArray(ts))
         return 0;
-    size_t i = 0, kept = 0;
+    size_t i = 0, kept = 0, n = 0;
     for (size_t k = 0; k < ck->n; k++) kept += !tps_layout_dropped(E->L, k);
-    if ((size_t)cJSON_GetArraySize(ts) != kept) return 0;
-    for (const cJSON *t = ts->child; t; t = t->next, i++) {
-        while (i < ck->n && tps_layout_dropped(E->L, i)) i++;
-        const cJSON *nm = cJSON_GetObjectItemCaseSensitive(t, "name");
-        if (i == ck->n || !cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)) return 0;
+    /* its tensors one at a time, from the text: the same names in the same order */
+    tps_js_iter it = {0};
+    tps_js_iter_start(&it, &sp[0], ts, "tensors");
+    int same = 1;
+    for (const cJSON *t; same; i++, n++) {
+        if (tps_js_iter_next(E->ctx, TPS_MANIFEST, &it, &t) != TPS_OK) same = 0;
+        else if (!t) break;
+        while (same && i < ck->n && tps_layout_dropped(E->L, i)) i++;
+        const cJSON *nm = same ? cJSON_GetObjectItemCaseSensitive(t, "name") : NULL;
+        if (same && (i == ck->n || !cJSON_IsString(nm) || strcmp(nm->valuestring, ck->t[i].name)))
+            same = 0;
     }
-    return 1;
+    tps_js_iter_free(&it);
+    return same && n == kept;
 }
 
 #define LOCK_NAME ".tpshard.lock"
@@ -143,15 +166,20 @@ static tps_err prepare_join(engine *E, const tps_split_opts *o)
     tps_err rc = TPS_OK;
     int lfd = lock_dir(ctx, dir);
     cJSON *m = NULL;
-    if (load_manifest(ctx, dir, &m) != TPS_OK) {
-        cJSON_Delete(m); /* unreadable: another output, to replace */
-        m = NULL;
+    tps_text tx;
+    tps_js_span sp[2];
+    if (load_manifest(ctx, dir, &m, &tx, sp) != TPS_OK) {
+        prev_close(&m, &tx, sp); /* unreadable: another output, to replace */
         char *mp = tps_path_join(dir, TPS_MANIFEST);
         int there = mp && tps_exists(mp);
         free(mp);
         if (there) m = cJSON_CreateObject();
     }
-    if (m && joinable(E, m)) {
+    if (m && joinable(E, m, sp)) {
+        /* what the checks below need is all in the rest: the arrays are read again
+         * when the manifest is recorded */
+        if (tx.p) tps_text_close(&tx);
+        sp[0].b = sp[1].b = NULL;
         E->prev = m;
         const cJSON *pw = cJSON_GetObjectItemCaseSensitive(m, "ranks_written");
         for (const cJSON *r = pw ? pw->child : NULL; r && !o->force; r = r->next)
@@ -162,7 +190,7 @@ static tps_err prepare_join(engine *E, const tps_split_opts *o)
                         "you name",
                         dir, r->valueint);
     } else if (m) {
-        cJSON_Delete(m);
+        prev_close(&m, &tx, sp);
         TPS_FAIL_IF(!o->force, ctx, TPS_E_EXISTS,
                     "%s: already holds a tpshard output; pass --force to replace it", dir);
         remove_output(dir);
@@ -272,18 +300,18 @@ tps_err tps_sp_record_manifest(engine *E, const tps_split_opts *o, const char *p
     tps_err rc = TPS_OK;
     int lfd = E->join ? lock_dir(ctx, o->out_dir) : -1;
     if (E->join) {
-        cJSON *m = NULL;
-        cJSON_Delete(E->prev);
-        E->prev = NULL;
-        if (load_manifest(ctx, o->out_dir, &m) == TPS_OK && m && joinable(E, m))
-            E->prev = m;
-        else if (m)
+        tps_sp_prev_close(E);
+        if (load_manifest(ctx, o->out_dir, &E->prev, &E->prev_text, E->prev_sp) != TPS_OK ||
+            !E->prev) {
+            tps_sp_prev_close(E); /* unreadable or gone: ours alone */
+        } else if (!joinable(E, E->prev, E->prev_sp)) {
+            tps_sp_prev_close(E);
             rc = tps_fail(ctx, TPS_E_EXISTS,
                           "%s: another split (other source, plan, layout or tp) wrote its "
                           "manifest here while this run was writing; this run's rank files "
                           "are not recorded",
                           o->out_dir);
-        if (!E->prev) cJSON_Delete(m);
+        }
     }
     if (!rc)
         rc = tps_sp_write_manifest(E, o, plan_source);

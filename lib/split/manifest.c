@@ -44,20 +44,6 @@ static const char *base_name(const char *p)
  * are printed by the same code as ours, in the same order: a directory
  * filled by several runs gets the manifest one split would write. */
 
-/* The earlier run's entry (an object with "rank" r, and `key` equal to val
- * when key is given) of array arr, or NULL. */
-static const cJSON *prev_entry(const cJSON *arr, int r, const char *key, const char *val)
-{
-    for (const cJSON *e = arr ? arr->child : NULL; e; e = e->next) {
-        const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
-        if (!cJSON_IsNumber(rk) || rk->valueint != r) continue;
-        if (!key) return e;
-        const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, key);
-        if (cJSON_IsString(v) && !strcmp(v->valuestring, val)) return e;
-    }
-    return NULL;
-}
-
 /* Name of rank r's file holding rank tensor k: its own when written here,
  * the earlier run's (prev, an entry with "file") for its ranks, else part
  * 0's name. */
@@ -385,8 +371,11 @@ static void mw_tensors(const engine *E, FILE *f, const unsigned char *theirs)
     const tps_ckpt *ck = E->ck;
     const tps_layout *L = E->L;
     fputs("\"tensors\": [", f);
+    /* the earlier runs' tensors, one at a time from the text, in the same order
+     * (joinable() made sure) */
     const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
-    const cJSON *pt = ptensors ? ptensors->child : NULL;
+    tps_js_iter it = {0};
+    if (ptensors) tps_js_iter_start(&it, &E->prev_sp[0], ptensors, "tensors");
     int firstt = 1;
     for (size_t ti = 0; ti < ck->n; ti++) {
         const tps_ctensor *t = &ck->t[ti];
@@ -413,8 +402,9 @@ static void mw_tensors(const engine *E, FILE *f, const unsigned char *theirs)
             mw_str(f, t->derived_from);
         }
         fputs(", \"ranks\": [", f);
-        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks"); /* same order: joinable() */
-        if (pt) pt = pt->next;
+        const cJSON *pt = NULL;
+        if (ptensors && tps_js_iter_next(E->ctx, TPS_MANIFEST, &it, &pt) != TPS_OK) pt = NULL;
+        const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks");
         int firstp = 1;
         for (size_t k = p0; k < p1; k++) {
             mw_tensor_rank(E, f, t, L->src_pieces[k], pranks, theirs, firstp);
@@ -422,7 +412,33 @@ static void mw_tensors(const engine *E, FILE *f, const unsigned char *theirs)
         }
         fputs("]}", f);
     }
+    tps_js_iter_free(&it);
     fputs("\n]", f);
+}
+
+static int rt_entry_is(const cJSON *e, int r, const char *name)
+{
+    const cJSON *rk = cJSON_GetObjectItemCaseSensitive(e, "rank");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(e, "name");
+    return cJSON_IsNumber(rk) && rk->valueint == r && cJSON_IsString(v) && !strcmp(v->valuestring, name);
+}
+
+/* The earlier runs' rank_tensors entry (it: over prts, their text) for rank
+ * r's rank tensor `name`, the next in rank_tensors order: every rank tensor
+ * takes one step, and one of theirs (want) takes the element there, or, out
+ * of step, the one found from the start. Lives until the next call. */
+static const cJSON *prev_rank_tensor(const engine *E, tps_js_iter *it, const cJSON *prts, int r,
+                                     const char *name, int want)
+{
+    const cJSON *e = NULL;
+    if (!prts) return NULL;
+    if (tps_js_iter_next(E->ctx, TPS_MANIFEST, it, &e) != TPS_OK) e = NULL;
+    if (!want || (e && rt_entry_is(e, r, name))) return want ? e : NULL;
+    tps_js_iter_start(it, &E->prev_sp[1], prts, "rank_tensors");
+    for (;;) {
+        if (tps_js_iter_next(E->ctx, TPS_MANIFEST, it, &e) != TPS_OK || !e) return NULL;
+        if (rt_entry_is(e, r, name)) return e;
+    }
 }
 
 static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *theirs)
@@ -435,6 +451,8 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
         fputs(",\n\"rank_tensors\": [", f);
         int first = 1;
         const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
+        tps_js_iter it = {0};
+        if (prts) tps_js_iter_start(&it, &E->prev_sp[1], prts, "rank_tensors");
         for (int r = 0; r < E->nranks; r++) {
             for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
                 const tps_rtensor *rt = &L->rt[k];
@@ -444,7 +462,7 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
                 fprintf(f, "%d, \"name\": ", r);
                 mw_str(f, rt->name);
                 fputs(", \"file\": ", f);
-                mw_rank_file(E, f, k, r, theirs[r] ? prev_entry(prts, r, "name", rt->name) : NULL);
+                mw_rank_file(E, f, k, r, prev_rank_tensor(E, &it, prts, r, rt->name, theirs[r]));
                 fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
                 mw_shape(f, rt->shape, rt->ndim);
                 fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
@@ -468,6 +486,7 @@ static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *their
                 fputs("]}", f);
             }
         }
+        tps_js_iter_free(&it);
         fputs("\n]", f);
     }
 }

@@ -1881,7 +1881,7 @@ static void engine_free(engine *E, int failed)
     for (size_t i = 0; i < E->nfg; i++) free(E->fg[i].rts);
     free(E->fg);
     free(E->fowned);
-    cJSON_Delete(E->prev);
+    tps_sp_prev_close(E);
 }
 
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
@@ -1906,11 +1906,11 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
      * every rank tensor: past this either list would outgrow what check,
      * merge and verify read back (about 360 bytes of text an entry). */
     size_t most = L->npieces > L->nrt ? L->npieces : L->nrt;
-    if (most > TPS_MAX_MANIFEST_ENTRIES)
+    if (most > tps_max_manifest_entries)
         return tps_fail(ctx, TPS_E_NOMEM,
-                        "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %d a "
+                        "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %zu a "
                         "manifest may hold (check, merge and verify could not read it back)",
-                        ck->path, ck->n, L->tp, most, TPS_MAX_MANIFEST_ENTRIES);
+                        ck->path, ck->n, L->tp, most, tps_max_manifest_entries);
     all = tps_xcalloc((size_t)L->nranks, 1);
     E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
     TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");

@@ -85,7 +85,10 @@ typedef struct {
     int reporting;   /* a thread is in the progress callback */
     int join;        /* a --ranks run: other runs may be writing into the same directory */
     int wfd;         /* DIR/.tpshard.writing, held for the whole run (-1: not held) */
-    cJSON *prev;     /* joining: the manifest of the --ranks runs already here */
+    cJSON *prev;     /* joining: the manifest of the --ranks runs already here, all but
+                      * its tensors and rank_tensors (prev_sp: their text in prev_text) */
+    tps_text prev_text;
+    tps_js_span prev_sp[2];
     int map;         /* read the source through per-task mappings */
     size_t page;
     tps_kcopy kc;    /* how the output takes runs of the source (kcopy.c) */
@@ -117,5 +120,7 @@ void tps_sp_remove_stale(engine *E, const char *dir);
 /* The manifest written: a --ranks run's under the directory's lock, with
  * the entries other runs recorded in the meantime. */
 tps_err tps_sp_record_manifest(engine *E, const tps_split_opts *o, const char *plan_source);
+/* The joined manifest (E->prev, its text) let go. */
+void tps_sp_prev_close(engine *E);
 
 #endif
