@@ -138,6 +138,15 @@ const char *tps_fs_unmappable(int fd, char *name, size_t len);
 tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
                        cJSON **out);
 /* s as a JSON string literal, escaped as serde_json writes it, through put. */
+/* A growing NUL-terminated text; oom set (and nothing more kept) when an
+ * allocation fails. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+    int oom;
+} tps_sbuf;
+void tps_sb_put(tps_sbuf *b, const char *s, size_t n);
+void tps_sb_sink(void *user, const char *p, size_t n); /* tps_json_quote's put */
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
 /* First duplicate key anywhere in an object's direct children, or NULL. */
 const char *tps_json_dup_key(const cJSON *obj);

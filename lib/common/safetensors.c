@@ -720,38 +720,12 @@ uint64_t tps_st_data_start(const tps_st *st) { return st->data_start; }
 
 /* ------------------------------------------------------------------ writer */
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} sbuf;
+static void sb_str(tps_sbuf *b, const char *s) { tps_sb_put(b, s, strlen(s)); }
 
-static void sb_put(sbuf *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *p = realloc(b->p, cap);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->p = p;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
 
-static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+static void sb_json_str(tps_sbuf *b, const char *s) { tps_json_quote(s, tps_sb_sink, b); }
 
-static void sb_sink(void *user, const char *p, size_t n) { sb_put(user, p, n); }
-
-static void sb_json_str(sbuf *b, const char *s) { tps_json_quote(s, sb_sink, b); }
-
-static void sb_u64(sbuf *b, uint64_t v)
+static void sb_u64(tps_sbuf *b, uint64_t v)
 {
     char t[24];
     snprintf(t, sizeof t, "%llu", (unsigned long long)v);
@@ -772,8 +746,8 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
     if (!ord) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) ord[i] = &e[i];
     qsort(ord, n, sizeof *ord, cmp_entry_ref);
-    sbuf b = {0};
-    sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
+    tps_sbuf b = {0};
+    tps_sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
     sb_str(&b, "{");
     int first = 1;
     if (nmeta) {

@@ -549,6 +549,27 @@ const char *tps_json_dup_key(const cJSON *obj)
     return dup;
 }
 
+void tps_sb_put(tps_sbuf *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 4096;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+    b->p[b->len] = 0;
+}
+
+void tps_sb_sink(void *user, const char *p, size_t n) { tps_sb_put(user, p, n); }
+
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user)
 {
     put(user, "\"", 1);

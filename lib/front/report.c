@@ -12,36 +12,17 @@
 /* ------------------------------------------------------------------ the writer */
 
 /* Compact JSON into a growable buffer: commas and nesting handled. Running
- * out of memory sets `failed`; the document is then dropped at the end, so
+ * out of memory sets `sb.oom`; the document is then dropped at the end, so
  * the calls in between need no checks. */
 typedef struct {
-    char *buf;
-    size_t len, cap;
-    int failed;
+    tps_sbuf sb; /* the text; sb.oom: out of memory */
     int depth;
     int need_comma[32];
     char close[32];
     int after_key;
 } jw;
 
-static void jw_put(jw *w, const char *s, size_t n)
-{
-    if (w->failed) return;
-    if (w->len + n + 1 > w->cap) {
-        size_t cap = w->cap ? w->cap : 4096;
-        while (w->len + n + 1 > cap) cap *= 2;
-        char *b = realloc(w->buf, cap);
-        if (!b) {
-            w->failed = 1;
-            return;
-        }
-        w->buf = b;
-        w->cap = cap;
-    }
-    memcpy(w->buf + w->len, s, n);
-    w->len += n;
-    w->buf[w->len] = 0;
-}
+static void jw_put(jw *w, const char *s, size_t n) { tps_sb_put(&w->sb, s, n); }
 
 static void jw_puts(jw *w, const char *s) { jw_put(w, s, strlen(s)); }
 
@@ -53,7 +34,7 @@ static void jw_printf(jw *w, const char *fmt, ...)
     va_start(ap, fmt);
     int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
     va_end(ap);
-    if (n < 0 || (size_t)n >= sizeof tmp) w->failed = 1;
+    if (n < 0 || (size_t)n >= sizeof tmp) w->sb.oom = 1;
     else jw_put(w, tmp, (size_t)n);
 }
 
@@ -75,7 +56,7 @@ static void jw_open(jw *w, char open, char close)
 {
     jw_pre(w);
     if (w->depth + 1 >= (int)(sizeof w->close)) {
-        w->failed = 1;
+        w->sb.oom = 1;
         return;
     }
     jw_put(w, &open, 1);
@@ -161,12 +142,12 @@ static void jw_begin(jw *w, int ok)
 static tps_err jw_finish(tps_ctx *ctx, jw *w, char **out)
 {
     while (w->depth > 0) jw_end(w);
-    if (w->failed || !w->buf) {
-        free(w->buf);
+    if (w->sb.oom || !w->sb.p) {
+        free(w->sb.p);
         *out = NULL;
         return tps_fail(ctx, TPS_E_NOMEM, "out of memory for a JSON document");
     }
-    *out = w->buf;
+    *out = w->sb.p;
     return TPS_OK;
 }
 
@@ -443,7 +424,7 @@ tps_err tps_plan_json(tps_ctx *ctx, const tps_layout *L, char **out)
         /* A ctx of its own: the caller's detail message and log stay as they were. */
         tps_ctx *qc = tps_ctx_new();
         if (qc) json_quant(&w, qc, ck);
-        else w.failed = 1;
+        else w.sb.oom = 1;
         tps_ctx_free(qc);
     }
     jw_kstr(&w, "rejected", rej);
@@ -655,7 +636,7 @@ tps_err tps_merge_json(tps_ctx *ctx, const char *dir, const tps_merge_opts *o, i
     tps_ckpt *ck = NULL;
     tps_err rc = tps_ckpt_open(ctx, dir, &ck);
     if (rc) {
-        free(w.buf);
+        free(w.sb.p);
         return rc;
     }
     jw_key(&w, "dropped");

@@ -604,32 +604,6 @@ out:
     return rc;
 }
 
-typedef struct {
-    char *p;
-    size_t len, cap;
-    int oom;
-} text_buf;
-
-static void text_put(void *user, const char *s, size_t n)
-{
-    text_buf *b = user;
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + n + 1) cap *= 2;
-        char *q = realloc(b->p, cap);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = cap;
-    }
-    memcpy(b->p + b->len, s, n);
-    b->len += n;
-    b->p[b->len] = 0;
-}
-
 /* The index, as cJSON_Print lays it out, its weight_map written entry by
  * entry: a tree of DeepSeek-V3's 92k entries took 20 MB more. */
 static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir)
@@ -651,19 +625,19 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
         free(head);
         return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     }
-    text_buf b = {0};
-    text_put(&b, head, hl - tl);
+    tps_sbuf b = {0};
+    tps_sb_put(&b, head, hl - tl);
     free(head);
     int first = 1;
     for (size_t i = 0; i < ck->n; i++) {
         if (ck->t[i].derived_from) continue;
-        text_put(&b, first ? "\n\t\t" : ",\n\t\t", first ? 3 : 4);
-        tps_json_quote(ck->t[i].name, text_put, &b);
-        text_put(&b, ":\t", 2);
-        tps_json_quote(ck->t[i].origin, text_put, &b);
+        tps_sb_put(&b, first ? "\n\t\t" : ",\n\t\t", first ? 3 : 4);
+        tps_json_quote(ck->t[i].name, tps_sb_sink, &b);
+        tps_sb_put(&b, ":\t", 2);
+        tps_json_quote(ck->t[i].origin, tps_sb_sink, &b);
         first = 0;
     }
-    text_put(&b, empty_tail, tl);
+    tps_sb_put(&b, empty_tail, tl);
     if (b.oom) {
         free(b.p);
         return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
