@@ -17,6 +17,7 @@ typedef struct {
     size_t pad;      /* spaces after the header's JSON that align its tensors (align.c) */
     uint64_t size;
     int writers;     /* threads in a write to it now (split.c's ofile_write) */
+    int tasks;       /* threads in a task that writes only to it (run_all) */
 } ofile;
 
 /* Where a rank tensor lands: its file and the absolute offset of its bytes. */
