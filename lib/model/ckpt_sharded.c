@@ -205,13 +205,6 @@ typedef struct {
     size_t cap_tmp;
 } shard_rd;
 
-/* The manifest parsed: whole, or (its usual shape) all but its two long
- * arrays, whose spans S->sp gets. */
-static tps_err parse_manifest(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const tps_text *tx)
-{
-    return tps_js_parse_manifest(ctx, S->mpath, tx->p, tx->len, &ck->manifest, S->sp);
-}
-
 /* pp (absent: 1, as every manifest before pipeline stages) and, with pp > 1,
  * the stages' layers: consecutive from layer 0, none empty. */
 static tps_err read_stages(tps_ctx *ctx, tps_ckpt *ck, const char *mpath)
@@ -935,7 +928,8 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
 {
     shard_rd S = {.mpath = mpath};
     tps_err rc = TPS_OK;
-    TPS_CHECK(parse_manifest(ctx, ck, &S, tx));
+    /* whole, or (its usual shape) all but its two long arrays, whose spans S.sp gets */
+    TPS_CHECK(tps_js_parse_manifest(ctx, mpath, tx->p, tx->len, &ck->manifest, S.sp));
     TPS_CHECK(read_head(ctx, ck, &S));
     TPS_CHECK(read_source(ctx, ck, mpath));
     TPS_CHECK(open_rank_files(ctx, ck, mpath));

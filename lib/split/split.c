@@ -1521,16 +1521,21 @@ static int task_file(const engine *E, const task *tk)
     return f;
 }
 
+/* The task at place k of the order the threads take n tasks in: from the
+ * list's two halves in turn (neighbours in the list are often the chunks of
+ * one region, written to one file). */
+static size_t task_order(size_t k, size_t n) { return k % 2 ? (n + 1) / 2 + k / 2 : k / 2; }
+
 /* The next task for a thread (its index, or SIZE_MAX: none left), taken
- * (taken[i] set) in list order from *cursor on, but of the next PICK_AHEAD
+ * (taken[i] set) in task_order from *cursor on, but of the next PICK_AHEAD
  * the first that writes no file another thread's task writes: threads
  * writing one file at once wait on its lock (6% of a 2-thread GPTQ split
- * spinning on it). order(n) maps the n-th place to a task. */
+ * spinning on it). */
 #define PICK_AHEAD 8
 static size_t pick_task(engine *E, unsigned char *taken, const int *tfile, size_t *cursor)
 {
-    size_t n = E->ntasks, half = (n + 1) / 2;
-#define ORDER(k) ((k) % 2 ? half + (k) / 2 : (k) / 2)
+    size_t n = E->ntasks;
+#define ORDER(k) task_order((k), n)
     size_t c = __atomic_load_n(cursor, __ATOMIC_RELAXED);
     while (c < n && __atomic_load_n(&taken[ORDER(c)], __ATOMIC_RELAXED)) c++;
     for (int pass = 0; pass < 2; pass++)
@@ -1576,15 +1581,12 @@ static void run_all(engine *E)
                 E->failed = 1;
             }
         }
-        /* The tasks taken from the two halves of the list in turn: neighbours
-         * in the list are often the chunks of one region, written to one file,
-         * and threads writing one file at once wait on its lock; pick_task
-         * passes over a task whose file another thread is writing. */
-        size_t half = (E->ntasks + 1) / 2;
+        /* In task_order, but pick_task passes over a task whose file another
+         * thread is writing (without its tables, out of memory: in order). */
         int own = taken && tfile;
 #pragma omp for schedule(dynamic, 1)
         for (size_t n = 0; n < E->ntasks; n++) {
-            size_t i = own ? pick_task(E, taken, tfile, &cursor) : n % 2 ? half + n / 2 : n / 2;
+            size_t i = own ? pick_task(E, taken, tfile, &cursor) : task_order(n, E->ntasks);
             if (i == SIZE_MAX || E->failed) continue;
             if (E->ctx->interrupted) {
 #pragma omp critical
