@@ -12,14 +12,6 @@
 
 size_t tps_max_manifest_entries = TPS_MAX_MANIFEST_ENTRIES;
 
-
-/* The manifest's two long arrays (tensors, one entry a tensor with one a
- * rank; rank_tensors) are read one element at a time: as a cJSON tree the
- * manifest of a 128-expert, 48-layer MoE at tp 8 (18,867 tensors, 25 MB)
- * took 250 MB. The rest of the manifest is parsed whole, with each of those
- * arrays' text replaced by []. Strings the tensors keep are copied into
- * ck's own string chunks, since each element's tree is freed. */
-
 static const char *js_ws(const char *p, const char *e)
 {
     while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;

@@ -136,7 +136,8 @@ static const char **str_slot(const char **set, size_t cap, const char *s, uint64
 }
 
 /* A copy of s that lives as long as ck: one copy of each string, however
- * often the manifest repeats it. */
+ * often the manifest repeats it (the tree of each manifest element read is
+ * freed before the next, tps_js_iter_next). */
 static const char *ck_keep(tps_ckpt *ck, const char *s)
 {
     if (!s) return NULL;
