@@ -146,6 +146,7 @@ typedef struct {
     int oom;
 } tps_sbuf;
 void tps_sb_put(tps_sbuf *b, const char *s, size_t n);
+void tps_sb_puts(tps_sbuf *b, const char *s);
 void tps_sb_sink(void *user, const char *p, size_t n); /* tps_json_quote's put */
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
 /* First duplicate key anywhere in an object's direct children, or NULL. */

@@ -720,8 +720,6 @@ uint64_t tps_st_data_start(const tps_st *st) { return st->data_start; }
 
 /* ------------------------------------------------------------------ writer */
 
-static void sb_str(tps_sbuf *b, const char *s) { tps_sb_put(b, s, strlen(s)); }
-
 
 static void sb_json_str(tps_sbuf *b, const char *s) { tps_json_quote(s, tps_sb_sink, b); }
 
@@ -729,7 +727,7 @@ static void sb_u64(tps_sbuf *b, uint64_t v)
 {
     char t[24];
     snprintf(t, sizeof t, "%llu", (unsigned long long)v);
-    sb_str(b, t);
+    tps_sb_puts(b, t);
 }
 
 static int cmp_entry_ref(const void *a, const void *b)
@@ -748,17 +746,17 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
     qsort(ord, n, sizeof *ord, cmp_entry_ref);
     tps_sbuf b = {0};
     tps_sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
-    sb_str(&b, "{");
+    tps_sb_puts(&b, "{");
     int first = 1;
     if (nmeta) {
-        sb_str(&b, "\"__metadata__\":{");
+        tps_sb_puts(&b, "\"__metadata__\":{");
         for (size_t i = 0; i < nmeta; i++) {
-            if (i) sb_str(&b, ",");
+            if (i) tps_sb_puts(&b, ",");
             sb_json_str(&b, mkeys[i]);
-            sb_str(&b, ":");
+            tps_sb_puts(&b, ":");
             sb_json_str(&b, mvals[i]);
         }
-        sb_str(&b, "}");
+        tps_sb_puts(&b, "}");
         first = 0;
     }
     uint64_t off = 0;
@@ -766,25 +764,25 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
         tps_st_entry *t = ord[i];
         t->offset = off;
         t->order = i;
-        if (!first) sb_str(&b, ",");
+        if (!first) tps_sb_puts(&b, ",");
         first = 0;
         sb_json_str(&b, t->name);
-        sb_str(&b, ":{\"dtype\":\"");
-        sb_str(&b, tps_dtype_name(t->dtype));
-        sb_str(&b, "\",\"shape\":[");
+        tps_sb_puts(&b, ":{\"dtype\":\"");
+        tps_sb_puts(&b, tps_dtype_name(t->dtype));
+        tps_sb_puts(&b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
-            if (d) sb_str(&b, ",");
+            if (d) tps_sb_puts(&b, ",");
             sb_u64(&b, t->shape[d]);
         }
-        sb_str(&b, "],\"data_offsets\":[");
+        tps_sb_puts(&b, "],\"data_offsets\":[");
         sb_u64(&b, off);
-        sb_str(&b, ",");
+        tps_sb_puts(&b, ",");
         off += t->nbytes;
         sb_u64(&b, off);
-        sb_str(&b, "]}");
+        tps_sb_puts(&b, "]}");
     }
-    sb_str(&b, "}");
-    while ((b.len - 8) % 8) sb_str(&b, " ");
+    tps_sb_puts(&b, "}");
+    while ((b.len - 8) % 8) tps_sb_puts(&b, " ");
     free(ord);
     if (b.oom) {
         free(b.p);

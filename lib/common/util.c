@@ -568,6 +568,8 @@ void tps_sb_put(tps_sbuf *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
+void tps_sb_puts(tps_sbuf *b, const char *s) { tps_sb_put(b, s, strlen(s)); }
+
 void tps_sb_sink(void *user, const char *p, size_t n) { tps_sb_put(user, p, n); }
 
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user)

@@ -69,7 +69,7 @@ tps_err tps_ck_open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
     TPS_FAIL_IF(!of, ctx, TPS_E_NOMEM, "%s: out of memory", ipath);
     size_t mapped = 0;
     for (const cJSON *e = wm->child; e; e = e->next) {
-        long i = tps_ckpt_find(ck, e->string);
+        int i = tps_ckpt_find(ck, e->string);
         if (i >= 0) of[i] = e;
         mapped++;
     }

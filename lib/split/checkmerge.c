@@ -619,11 +619,12 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
     cJSON_AddObjectToObject(root, "weight_map");
     char *head = cJSON_Print(root);
     cJSON_Delete(root);
+    if (!head) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     static const char empty_tail[] = "\n\t}\n}"; /* how cJSON_Print ends an empty last member */
-    size_t hl = head ? strlen(head) : 0, tl = sizeof empty_tail - 1;
-    if (!head || hl < tl || strcmp(head + hl - tl, empty_tail)) {
+    size_t hl = strlen(head), tl = sizeof empty_tail - 1;
+    if (hl < tl || strcmp(head + hl - tl, empty_tail)) {
         free(head);
-        return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+        return tps_fail(ctx, TPS_E_JSON, "%s: the index's head is not laid out as expected", out_dir);
     }
     tps_sbuf b = {0};
     tps_sb_put(&b, head, hl - tl);
@@ -631,13 +632,13 @@ static tps_err write_index(tps_ctx *ctx, const tps_ckpt *ck, const char *out_dir
     int first = 1;
     for (size_t i = 0; i < ck->n; i++) {
         if (ck->t[i].derived_from) continue;
-        tps_sb_put(&b, first ? "\n\t\t" : ",\n\t\t", first ? 3 : 4);
+        tps_sb_puts(&b, first ? "\n\t\t" : ",\n\t\t");
         tps_json_quote(ck->t[i].name, tps_sb_sink, &b);
-        tps_sb_put(&b, ":\t", 2);
+        tps_sb_puts(&b, ":\t");
         tps_json_quote(ck->t[i].origin, tps_sb_sink, &b);
         first = 0;
     }
-    tps_sb_put(&b, empty_tail, tl);
+    tps_sb_puts(&b, empty_tail);
     if (b.oom) {
         free(b.p);
         return tps_fail(ctx, TPS_E_NOMEM, "out of memory");

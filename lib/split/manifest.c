@@ -433,7 +433,8 @@ static const cJSON *prev_rank_tensor(const engine *E, tps_js_iter *it, const cJS
     const cJSON *e = NULL;
     if (!prts) return NULL;
     if (tps_js_iter_next(E->ctx, TPS_MANIFEST, it, &e) != TPS_OK) e = NULL;
-    if (!want || (e && rt_entry_is(e, r, name))) return want ? e : NULL;
+    if (!want) return NULL;
+    if (e && rt_entry_is(e, r, name)) return e;
     tps_js_iter_start(it, &E->prev_sp[1], prts, "rank_tensors");
     for (;;) {
         if (tps_js_iter_next(E->ctx, TPS_MANIFEST, it, &e) != TPS_OK || !e) return NULL;
