@@ -139,16 +139,34 @@ tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t
                        cJSON **out);
 /* s as a JSON string literal, escaped as serde_json writes it, through put. */
 /* A growing NUL-terminated text; oom set (and nothing more kept) when an
- * allocation fails. */
+ * allocation fails. Streamed (out set): the text goes to out in pieces of
+ * about TPS_SB_PIECE bytes as it grows instead of all being kept (a DTensor
+ * rank file's header is 22 MB at DeepSeek-V3's size); out returning nonzero
+ * sets failed and drops the rest. total: every byte put so far (streamed
+ * or not). esc: puts are escaped as inside a JSON string literal (a value
+ * written into one piece by piece). */
+#define TPS_SB_PIECE (1u << 20)
 typedef struct {
     char *p;
     size_t len, cap;
     int oom;
+    int (*out)(void *u, const char *p, size_t n);
+    void *out_u;
+    int failed;
+    int esc;
+    uint64_t total;
 } tps_sbuf;
 void tps_sb_put(tps_sbuf *b, const char *s, size_t n);
 void tps_sb_puts(tps_sbuf *b, const char *s);
 void tps_sb_sink(void *user, const char *p, size_t n); /* tps_json_quote's put */
+/* Streamed: what is left goes to out (0, or out's nonzero). */
+int tps_sb_flush(tps_sbuf *b);
+/* A discarding out: a streamed tps_sbuf that only counts (total). */
+int tps_sb_discard(void *u, const char *p, size_t n);
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
+/* s[0 .. n) escaped as tps_json_quote escapes it, without the quotes. */
+void tps_json_escape(const char *s, size_t n, void (*put)(void *user, const char *p, size_t n),
+                     void *user);
 /* First duplicate key anywhere in an object's direct children, or NULL. */
 const char *tps_json_dup_key(const cJSON *obj);
 int tps_utf8_valid(const char *s, size_t len);
@@ -310,6 +328,16 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
 /* extra more trailing spaces in a header tps_st_build_header made (valid
  * safetensors: the JSON may end in spaces), its length prefix rewritten. */
 tps_err tps_st_pad_header(tps_ctx *ctx, char **hdr, size_t *hdr_len, size_t extra);
+/* The header tps_st_build_header then tps_st_pad_header(extra) make, put
+ * through b (a streamed one: nothing held): its 8-byte length prefix says N
+ * (the caller's, from a first run that counted), a metadata value NULL in
+ * mvals is written by value(u, b) (b->esc set), and *hdr_len is its length,
+ * prefix and padding included. Sets e's offset and order. b->oom or
+ * b->failed: out of memory, or out failed (the caller says why). */
+tps_err tps_st_emit_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
+                           const char *const *mvals, size_t nmeta,
+                           void (*value)(void *u, tps_sbuf *b), void *u, size_t extra,
+                           uint64_t N, tps_sbuf *b, size_t *hdr_len);
 
 /* A refined scale grid (vLLM's FP8 experts, refine_fp8_moe_block_shape):
  * the region's elements written rep_n times along rows and rep_k times
@@ -428,7 +456,9 @@ typedef struct {
     const char *name;
     tps_dtype dtype;
     int ndim;
-    uint64_t shape[TPS_MAX_DIMS];
+    /* ndim of them, in ck->shape_chunks (an inline TPS_MAX_DIMS array was 128
+     * of this struct's 216 bytes, 11 MB at DeepSeek-V3's 92k tensors) */
+    const uint64_t *shape; /* zeros follow it to TPS_SHAPE_PAD dims */
     uint64_t nbytes;
     int dim;            /* pieces concatenated along dim; -1: each piece is the whole tensor */
     int npieces;
@@ -445,6 +475,17 @@ typedef struct {
     const char *derived_from;
     const char *style;  /* sharded dirs: the plan style the manifest records, or NULL */
 } tps_ctensor;
+
+/* A checkpoint tensor's kept shape is followed by zeros up to
+ * this many dims, as the inline TPS_MAX_DIMS arrays they replace were: a
+ * tensor's shape[1] reads 0 for a vector, shape[0] for a scalar. */
+#define TPS_SHAPE_PAD 4
+
+/* t's shape in a TPS_MAX_DIMS array (the dims past its ndim 0), to edit. */
+static inline void tps_shape_get(uint64_t out[TPS_MAX_DIMS], const tps_ctensor *t)
+{
+    for (int d = 0; d < TPS_MAX_DIMS; d++) out[d] = d < t->ndim ? t->shape[d] : 0;
+}
 
 typedef struct {
     char *name;  /* basename */
@@ -493,6 +534,8 @@ struct tps_ckpt {
     size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
+    uint64_t **shape_chunks; /* the tensors' shapes (chunks never move) */
+    size_t nshape_chunks, shape_left;
     char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
     size_t nstr_chunks, str_left;
     char *str_next;
@@ -1133,15 +1176,13 @@ typedef struct {
 typedef enum { TPS_PK_SRC = 0, TPS_PK_ZERO, TPS_PK_CONST } tps_piece_kind;
 
 typedef struct {
-    uint8_t kind;    /* tps_piece_kind */
-    uint8_t replica; /* SRC: another piece of the same region is the primary */
-    uint8_t sdim;    /* strided (run): 0, its runs a step of the dims before the rank
-                      * tensor's last apart; d + 1: a step of dim d apart (Gemma 4's
-                      * fused experts: gate and up rows of an expert side by side) */
-    int rank;        /* its rank tensor's */
-    size_t region;   /* SRC */
-    uint64_t at;     /* byte offset in the rank tensor */
-    uint64_t nbytes;
+    uint8_t kind : 2;    /* tps_piece_kind */
+    uint8_t replica : 1; /* SRC: another piece of the same region is the primary */
+    uint8_t sdim : 5;    /* strided (run): 0, its runs a step of the dims before the rank
+                          * tensor's last apart; d + 1: a step of dim d apart (Gemma 4's
+                          * fused experts: gate and up rows of an expert side by side) */
+    uint16_t rank;   /* its rank tensor's (tp x pp <= 65536) */
+    uint32_t region; /* SRC */
     uint32_t xf;     /* SRC: 0, or 1 + its index in L->xforms (a refined scale grid,
                       * or a transposed piece: tps_xform.tr) */
     /* SRC, ZERO: 0, or the piece is concatenated along the rank tensor's
@@ -1149,28 +1190,30 @@ typedef struct {
      * of the dims before it, tps_rt_stride(rank tensor) bytes apart from
      * `at` on (vLLM's fused GPTQ qweight: [in / 8, q | k | v]) */
     uint32_t run;
+    uint64_t at;     /* byte offset in the rank tensor */
+    uint64_t nbytes;
     double value;    /* CONST: every element, in the rank tensor's dtype */
-} tps_lpiece;
+} tps_lpiece; /* 40 bytes: 723k of them for a DeepSeek-V3-shaped vllm split at tp 8 */
 
 typedef struct {
-    size_t src;      /* index into ck->t */
-    int dim;         /* -1: the whole tensor */
-    uint64_t lo, hi;
+    uint32_t src;     /* index into ck->t */
+    int32_t dim;      /* -1: the whole tensor */
+    uint32_t lo, hi;  /* along dim (a dim is under 2^32: tps_layout_compile refuses longer) */
+    uint32_t primary; /* index of its primary piece in L->pieces */
     uint64_t nbytes;
-    size_t primary;  /* index of its primary piece in L->pieces */
-} tps_region;
+} tps_region; /* 32 bytes (one a piece at DeepSeek-V3's size: 723k) */
 
 typedef struct {
     const char *name; /* borrowed from the source tensor, or L->names */
-    int rank;
-    tps_dtype dtype;
-    int ndim;
-    int simple;      /* exactly one source piece under the source tensor's own name */
     const uint64_t *shape; /* ndim of them, in L->shape_chunks */
     uint64_t nbytes;
-    size_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
-} tps_rtensor;   /* 64 bytes: 151k of them for an MoE of 18,867 tensors at tp 8 */
+    uint32_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
+    int rank;
+    tps_dtype dtype;
+    uint8_t ndim;
+    uint8_t simple;  /* exactly one source piece under the source tensor's own name */
+} tps_rtensor; /* 48 bytes: 736k of them for a DeepSeek-V3-shaped dtensor split at tp 8 */
 
 /* Bytes from one step of a rank tensor's dims before its last to the next:
  * how far apart a strided piece's runs lie. */

@@ -737,26 +737,38 @@ static int cmp_entry_ref(const void *a, const void *b)
     return strcmp(x->name, y->name);
 }
 
-tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
-                            const char *const *mvals, size_t nmeta, char **hdr, size_t *hdr_len)
+tps_err tps_st_emit_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
+                           const char *const *mvals, size_t nmeta,
+                           void (*value)(void *u, tps_sbuf *b), void *u, size_t extra,
+                           uint64_t N, tps_sbuf *b, size_t *hdr_len)
 {
-    tps_st_entry **ord = tps_xmalloc(n * sizeof *ord);
+    tps_st_entry **ord = tps_xmalloc((n ? n : 1) * sizeof *ord);
     if (!ord) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     for (size_t i = 0; i < n; i++) ord[i] = &e[i];
     qsort(ord, n, sizeof *ord, cmp_entry_ref);
-    tps_sbuf b = {0};
-    tps_sb_put(&b, "\0\0\0\0\0\0\0\0", 8);
-    tps_sb_puts(&b, "{");
+    uint64_t start = b->total;
+    char pre[8];
+    for (int i = 0; i < 8; i++) pre[i] = (char)((N >> (8 * i)) & 0xFF);
+    tps_sb_put(b, pre, 8);
+    tps_sb_puts(b, "{");
     int first = 1;
     if (nmeta) {
-        tps_sb_puts(&b, "\"__metadata__\":{");
+        tps_sb_puts(b, "\"__metadata__\":{");
         for (size_t i = 0; i < nmeta; i++) {
-            if (i) tps_sb_puts(&b, ",");
-            sb_json_str(&b, mkeys[i]);
-            tps_sb_puts(&b, ":");
-            sb_json_str(&b, mvals[i]);
+            if (i) tps_sb_puts(b, ",");
+            sb_json_str(b, mkeys[i]);
+            tps_sb_puts(b, ":");
+            if (mvals[i]) {
+                sb_json_str(b, mvals[i]);
+                continue;
+            }
+            tps_sb_puts(b, "\"");
+            b->esc = 1;
+            value(u, b);
+            b->esc = 0;
+            tps_sb_puts(b, "\"");
         }
-        tps_sb_puts(&b, "}");
+        tps_sb_puts(b, "}");
         first = 0;
     }
     uint64_t off = 0;
@@ -764,39 +776,47 @@ tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char 
         tps_st_entry *t = ord[i];
         t->offset = off;
         t->order = i;
-        if (!first) tps_sb_puts(&b, ",");
+        if (!first) tps_sb_puts(b, ",");
         first = 0;
-        sb_json_str(&b, t->name);
-        tps_sb_puts(&b, ":{\"dtype\":\"");
-        tps_sb_puts(&b, tps_dtype_name(t->dtype));
-        tps_sb_puts(&b, "\",\"shape\":[");
+        sb_json_str(b, t->name);
+        tps_sb_puts(b, ":{\"dtype\":\"");
+        tps_sb_puts(b, tps_dtype_name(t->dtype));
+        tps_sb_puts(b, "\",\"shape\":[");
         for (int d = 0; d < t->ndim; d++) {
-            if (d) tps_sb_puts(&b, ",");
-            sb_u64(&b, t->shape[d]);
+            if (d) tps_sb_puts(b, ",");
+            sb_u64(b, t->shape[d]);
         }
-        tps_sb_puts(&b, "],\"data_offsets\":[");
-        sb_u64(&b, off);
-        tps_sb_puts(&b, ",");
+        tps_sb_puts(b, "],\"data_offsets\":[");
+        sb_u64(b, off);
+        tps_sb_puts(b, ",");
         off += t->nbytes;
-        sb_u64(&b, off);
-        tps_sb_puts(&b, "]}");
+        sb_u64(b, off);
+        tps_sb_puts(b, "]}");
     }
-    tps_sb_puts(&b, "}");
-    while ((b.len - 8) % 8) tps_sb_puts(&b, " ");
+    tps_sb_puts(b, "}");
+    while ((b->total - start - 8) % 8) tps_sb_puts(b, " ");
+    for (size_t i = 0; i < extra; i++) tps_sb_puts(b, " ");
     free(ord);
-    if (b.oom) {
-        free(b.p);
-        return tps_fail(ctx, TPS_E_NOMEM, "out of memory building a safetensors header");
-    }
-    uint64_t N = b.len - 8;
-    if (N > TPS_MAX_HEADER) {
-        free(b.p);
+    if (b->oom) return tps_fail(ctx, TPS_E_NOMEM, "out of memory building a safetensors header");
+    *hdr_len = (size_t)(b->total - start);
+    if (*hdr_len - 8 > TPS_MAX_HEADER)
         return tps_fail(ctx, TPS_E_NOMEM, "safetensors header of %llu bytes is over the limit",
-                        (unsigned long long)N);
+                        (unsigned long long)(*hdr_len - 8));
+    return TPS_OK;
+}
+
+tps_err tps_st_build_header(tps_ctx *ctx, tps_st_entry *e, size_t n, const char *const *mkeys,
+                            const char *const *mvals, size_t nmeta, char **hdr, size_t *hdr_len)
+{
+    tps_sbuf b = {0};
+    tps_err rc = tps_st_emit_header(ctx, e, n, mkeys, mvals, nmeta, NULL, NULL, 0, 0, &b, hdr_len);
+    if (rc) {
+        free(b.p);
+        return rc;
     }
+    uint64_t N = *hdr_len - 8;
     for (int i = 0; i < 8; i++) b.p[i] = (char)((N >> (8 * i)) & 0xFF);
     *hdr = b.p;
-    *hdr_len = b.len;
     return TPS_OK;
 }
 

@@ -549,9 +549,17 @@ const char *tps_json_dup_key(const cJSON *obj)
     return dup;
 }
 
-void tps_sb_put(tps_sbuf *b, const char *s, size_t n)
+static void sb_raw(tps_sbuf *b, const char *s, size_t n)
 {
-    if (b->oom) return;
+    if (b->oom || b->failed) return;
+    b->total += n;
+    if (b->out && b->len + n > TPS_SB_PIECE) {
+        if (tps_sb_flush(b)) return;
+        if (n >= TPS_SB_PIECE) {
+            if (b->out(b->out_u, s, n)) b->failed = 1;
+            return;
+        }
+    }
     if (b->len + n + 1 > b->cap) {
         size_t cap = b->cap ? b->cap : 4096;
         while (cap < b->len + n + 1) cap *= 2;
@@ -568,15 +576,39 @@ void tps_sb_put(tps_sbuf *b, const char *s, size_t n)
     b->p[b->len] = 0;
 }
 
+static void sb_raw_sink(void *user, const char *p, size_t n) { sb_raw(user, p, n); }
+
+void tps_sb_put(tps_sbuf *b, const char *s, size_t n)
+{
+    if (b->esc) tps_json_escape(s, n, sb_raw_sink, b);
+    else sb_raw(b, s, n);
+}
+
 void tps_sb_puts(tps_sbuf *b, const char *s) { tps_sb_put(b, s, strlen(s)); }
 
 void tps_sb_sink(void *user, const char *p, size_t n) { tps_sb_put(user, p, n); }
 
-void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user)
+int tps_sb_flush(tps_sbuf *b)
 {
-    put(user, "\"", 1);
+    if (b->failed) return 1;
+    if (!b->out || !b->len) return 0;
+    if (b->out(b->out_u, b->p, b->len)) b->failed = 1;
+    b->len = 0;
+    if (b->p) b->p[0] = 0;
+    return b->failed;
+}
+
+int tps_sb_discard(void *u, const char *p, size_t n)
+{
+    (void)u, (void)p, (void)n;
+    return 0;
+}
+
+void tps_json_escape(const char *s, size_t n, void (*put)(void *user, const char *p, size_t n),
+                     void *user)
+{
     const char *run = s; /* bytes copied as they are, flushed in one call */
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    for (const unsigned char *p = (const unsigned char *)s; p < (const unsigned char *)s + n; p++) {
         const char *esc = NULL;
         char u[8];
         switch (*p) {
@@ -598,7 +630,13 @@ void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t
         put(user, esc, strlen(esc));
         run = (const char *)p + 1;
     }
-    if (*run) put(user, run, strlen(run));
+    if (s + n > run) put(user, run, (size_t)(s + n - run));
+}
+
+void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user)
+{
+    put(user, "\"", 1);
+    tps_json_escape(s, strlen(s), put, user);
     put(user, "\"", 1);
 }
 

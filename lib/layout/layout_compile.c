@@ -40,6 +40,8 @@ tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
     uint64_t *sh = L->shape_chunks[L->nshape_chunks - 1] + (SHAPE_CHUNK - L->shape_left);
     L->shape_left -= (size_t)ndim;
     memcpy(sh, shape, sizeof(uint64_t) * (size_t)ndim);
+    if (L->npieces > UINT32_MAX - 1)
+        return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 rank tensor pieces", C->ck->path);
     tps_rtensor *r = &L->rt[L->nrt++];
     memset(r, 0, sizeof *r);
     r->name = name;
@@ -68,7 +70,10 @@ tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p)
         L->pieces = n;
         L->cap_pieces = cap;
     }
-    p.rank = r->rank;
+    if (L->npieces >= UINT32_MAX || r->rank < 0 || r->rank > UINT16_MAX)
+        return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 rank tensor pieces, or a rank past "
+                        "65535", C->ck->path);
+    p.rank = (uint16_t)r->rank;
     L->pieces[L->npieces++] = p;
     r->npieces++;
     return TPS_OK;
@@ -89,6 +94,12 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
             return TPS_OK;
         }
     }
+    /* Regions keep 32-bit bounds and indexes (32 bytes each, not 48). */
+    if (hi > UINT32_MAX || src > UINT32_MAX || L->nregions >= UINT32_MAX || L->npieces >= UINT32_MAX)
+        return tps_fail(C->ctx, TPS_E_SHAPE,
+                        "%s: tensor '%s' cannot be placed: a dim of 2^32 elements or more, or "
+                        "over 2^32 regions",
+                        C->ck->path, C->ck->t[src].name);
     if (L->nregions == L->cap_regions) {
         size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
         tps_region *n = realloc(L->regions, cap * sizeof *n);
@@ -104,7 +115,7 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
     C->next[L->nregions] = C->last[src];
     C->last[src] = L->nregions;
     tps_region *g = &L->regions[L->nregions];
-    *g = (tps_region){.src = src, .dim = dim, .lo = lo, .hi = hi};
+    *g = (tps_region){.src = (uint32_t)src, .dim = dim, .lo = (uint32_t)lo, .hi = (uint32_t)hi};
     uint64_t outer, row, s, l;
     tps_region_geom(C->ck, g, &outer, &row, &s, &l);
     const tps_ctensor *t = &C->ck->t[src];
@@ -447,7 +458,7 @@ tps_err tps_lc_place_simple(cstate *C, size_t i, const char *name, tps_split_kin
     }
     for (int r = 0; r < C->tp; r++) {
         uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
-        memcpy(shape, t->shape, sizeof shape);
+        tps_shape_get(shape, t);
         tps_rtensor *rt;
         if (d < 0) {
             TPS_TRY(tps_lc_new_rt(C, name, r, t->dtype, t->ndim, shape, rule, &rt));

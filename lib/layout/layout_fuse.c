@@ -244,7 +244,7 @@ static tps_err place_fused(cstate *C, const tps_lfuse *f, const char *parent, co
             total += len[j];
         }
         uint64_t shape[TPS_MAX_DIMS];
-        memcpy(shape, t0->shape, sizeof shape);
+        tps_shape_get(shape, t0);
         shape[0] = total;
         tps_rtensor *rt;
         TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));

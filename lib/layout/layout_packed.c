@@ -332,7 +332,7 @@ static tps_err place_linear(cstate *C, const plinear *pl, int how, const char *r
         }
         for (int r = 0; r < C->tp && !p->per_tensor; r++) {
             uint64_t shape[TPS_MAX_DIMS], lo = 0, len = 0;
-            memcpy(shape, t->shape, sizeof shape);
+            tps_shape_get(shape, t);
             uint64_t rl = 0;
             if (!whole) {
                 tps_lc_part_rows(n, 0, 0, C->tp, r, 1, &lo, &len);
@@ -567,7 +567,7 @@ static tps_err place_fused_packed(cstate *C, const tps_lfuse *f, const char *nm,
                 total += len[j] / ou;
             }
             uint64_t shape[TPS_MAX_DIMS];
-            memcpy(shape, t0->shape, sizeof shape);
+            tps_shape_get(shape, t0);
             shape[oax] = total;
             tps_rtensor *rt;
             TPS_TRY(tps_lc_new_rt(C, name, r, t0->dtype, t0->ndim, shape, f->into, &rt));

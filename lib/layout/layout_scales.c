@@ -134,7 +134,7 @@ tps_err tps_lc_place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint
     if (!scale_region(C, w, d, lo, len, &sd, &slo, &shi, 0, 0)) return TPS_OK;
     uint64_t shape[TPS_MAX_DIMS];
     tps_dtype dt;
-    memcpy(shape, st->shape, sizeof shape);
+    tps_shape_get(shape, st);
     if (sd >= 0) shape[sd] = shi - slo;
     if (!scale_dtype(C, st, &dt)) return TPS_OK;
     tps_rtensor *rt;
@@ -142,7 +142,7 @@ tps_err tps_lc_place_scales(cstate *C, size_t w, int r, int d, uint64_t lo, uint
     TPS_TRY(tps_lc_src_piece(C, rt, s, sd, slo, shi, 0));
     if (q->input[w] >= 0) {
         const tps_ctensor *it = &C->ck->t[q->input[w]];
-        memcpy(shape, it->shape, sizeof shape);
+        tps_shape_get(shape, it);
         if (!scale_dtype(C, it, &dt)) return TPS_OK;
         TPS_TRY(tps_lc_new_rt(C, it->name, r, dt, scalar_ndim(C, it, shape), shape, "input scale",
                               &rt));
@@ -214,7 +214,7 @@ tps_err tps_lc_place_scales_padded(cstate *C, size_t w, int r, int d, uint64_t l
         return TPS_OK;
     }
     uint64_t shape[TPS_MAX_DIMS];
-    memcpy(shape, st->shape, sizeof shape);
+    tps_shape_get(shape, st);
     shape[1] = shi - slo;
     tps_rtensor *rt;
     TPS_TRY(tps_lc_new_rt(C, st->name, r, dt, 2, shape, "scale", &rt));
@@ -231,7 +231,7 @@ tps_err tps_lc_place_scales_padded(cstate *C, size_t w, int r, int d, uint64_t l
     }
     if (q->input[w] >= 0) {
         const tps_ctensor *it = &C->ck->t[q->input[w]];
-        memcpy(shape, it->shape, sizeof shape);
+        tps_shape_get(shape, it);
         if (!scale_dtype(C, it, &dt)) return TPS_OK;
         TPS_TRY(tps_lc_new_rt(C, it->name, r, dt, scalar_ndim(C, it, shape), shape, "input scale",
                               &rt));
@@ -313,7 +313,7 @@ tps_err tps_lc_place_fused_scales(cstate *C, const tps_lfuse *f,
                 return TPS_OK;
             rows += shi[j] - slo[j];
         }
-        memcpy(shape, s0->shape, sizeof shape);
+        tps_shape_get(shape, s0);
         shape[0] = rows;
         TPS_TRY(tps_lc_new_rt(C, scale_name, r, dt, s0->ndim, shape, "scale", &rt));
         uint64_t at = 0, rowb = es * (s0->ndim == 2 ? s0->shape[1] : 1);

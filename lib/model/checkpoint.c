@@ -44,6 +44,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->rts);
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);
+    for (size_t i = 0; i < ck->nshape_chunks; i++) free(ck->shape_chunks[i]);
+    free(ck->shape_chunks);
     for (size_t i = 0; i < ck->nstr_chunks; i++) free(ck->str_chunks[i]);
     free(ck->str_chunks);
     free(ck->str_set);
@@ -100,6 +102,28 @@ tps_err tps_ck_add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     return TPS_OK;
 }
 
+#define SHAPE_CHUNK 8192 /* uint64s */
+
+/* A copy of shape[0 .. ndim) in ck's shape chunks, which never move, zeros
+ * after it to TPS_SHAPE_PAD dims; NULL out of memory. */
+const uint64_t *tps_ck_keep_shape(tps_ckpt *ck, const uint64_t *shape, int ndim)
+{
+    int kept = ndim < TPS_SHAPE_PAD ? TPS_SHAPE_PAD : ndim;
+    if (ck->shape_left < (size_t)kept || !ck->nshape_chunks) {
+        uint64_t **nc = realloc(ck->shape_chunks, (ck->nshape_chunks + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        ck->shape_chunks = nc;
+        if (!(nc[ck->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t)))) return NULL;
+        ck->nshape_chunks++;
+        ck->shape_left = SHAPE_CHUNK;
+    }
+    uint64_t *d = ck->shape_chunks[ck->nshape_chunks - 1] + (SHAPE_CHUNK - ck->shape_left);
+    ck->shape_left -= (size_t)kept;
+    memset(d, 0, sizeof(uint64_t) * (size_t)kept);
+    memcpy(d, shape, sizeof(uint64_t) * (size_t)ndim);
+    return d;
+}
+
 /* n pieces from a new pool the checkpoint frees. */
 tps_piece *tps_ck_new_pool(tps_ctx *ctx, tps_ckpt *ck, size_t n)
 {
@@ -134,8 +158,8 @@ tps_err tps_ck_add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi)
         t->name = s->name;
         t->dtype = s->dtype;
         t->ndim = s->ndim;
-        memset(t->shape, 0, sizeof t->shape);
-        memcpy(t->shape, s->shape, sizeof(uint64_t) * (size_t)s->ndim);
+        if (!(t->shape = tps_ck_keep_shape(ck, s->shape, s->ndim)))
+            return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
         t->nbytes = s->end - s->begin;
         t->dim = -1;
         t->npieces = 1;

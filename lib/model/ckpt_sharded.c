@@ -688,8 +688,10 @@ static tps_err read_tensor(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, const cJSON 
                 TPS_E_NOMEM, "out of memory");
     TPS_FAIL_IF(!cJSON_IsString(dt) || tps_dtype_from_name(dt->valuestring, &t->dtype), ctx,
                 TPS_E_JSON, "%s: tensor '%s': bad dtype", mpath, t->name);
-    TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), t->shape, &t->ndim),
+    uint64_t shape[TPS_MAX_DIMS];
+    TPS_FAIL_IF(!json_shape(cJSON_GetObjectItemCaseSensitive(e, "shape"), shape, &t->ndim),
                 ctx, TPS_E_JSON, "%s: tensor '%s': bad shape", mpath, t->name);
+    TPS_FAIL_IF(!(t->shape = tps_ck_keep_shape(ck, shape, t->ndim)), ctx, TPS_E_NOMEM, "out of memory");
     TPS_FAIL_IF(!cJSON_IsNumber(dm) || dm->valueint < -1 || dm->valueint >= t->ndim, ctx,
                 TPS_E_JSON, "%s: tensor '%s': bad dim", mpath, t->name);
     t->dim = dm->valueint;

@@ -14,6 +14,9 @@ tps_err tps_ck_add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
 /* n pieces from a new pool the checkpoint frees. */
 tps_piece *tps_ck_new_pool(tps_ctx *ctx, tps_ckpt *ck, size_t n);
 /* Room for `extra` more tensors, zeroed. */
+/* A copy of shape[0 .. ndim) that lives as long as ck, zeros after it to
+ * TPS_SHAPE_PAD dims; NULL out of memory. */
+const uint64_t *tps_ck_keep_shape(tps_ckpt *ck, const uint64_t *shape, int ndim);
 tps_err tps_ck_grow_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t extra);
 /* Every tensor of file fi becomes a one-piece tensor. */
 tps_err tps_ck_add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi);

@@ -332,7 +332,7 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
             pe = e;
     }
     uint64_t ls[TPS_MAX_DIMS];
-    memcpy(ls, t->shape, sizeof ls);
+    tps_shape_get(ls, t);
     if (g->dim >= 0) ls[g->dim] = g->hi - g->lo;
     fprintf(f, "%s{\"rank\": %d, \"file\": ", first ? "" : ", ", p->rank);
     mw_rank_file(E, f, rk, p->rank, pe);

@@ -1705,57 +1705,88 @@ static tps_err write_constants(engine *E)
 
 /* ------------------------------------------------------------------ output layout */
 
-static void mem_sink(void *user, const char *p, size_t n) { fwrite(p, 1, n, user); }
-
 /* DTensor rank files say each sharded tensor's placement, global shape and
  * offset (the loading recipe wraps them in DTensors with it). Written as
- * text, not built as a cJSON tree: for 18,867 tensors a rank the tree was
- * 9 MB of small blocks, which the heap kept. */
-static char *placements_json(const engine *E, int rank, int part)
+ * text straight into the header being put out (tps_st_emit_header's value:
+ * b escapes it as a string), neither a cJSON tree (for 18,867 tensors a rank
+ * the tree was 9 MB of small blocks) nor a copy (10 MB a rank at
+ * DeepSeek-V3's size). */
+struct placements {
+    const engine *E;
+    int rank, part;
+};
+
+static void placements_put(void *u, tps_sbuf *b)
 {
+    const struct placements *P = u;
+    const engine *E = P->E;
     const tps_layout *L = E->L;
-    char *s = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&s, &len);
-    if (!f) return NULL;
     int first = 1;
-    fputc('{', f);
-    for (size_t k = L->rank_rt[rank]; k < L->rank_rt[rank + 1]; k++) {
+    tps_sb_puts(b, "{");
+    for (size_t k = L->rank_rt[P->rank]; k < L->rank_rt[P->rank + 1]; k++) {
         const tps_rtensor *rt = &L->rt[k];
         const tps_region *g = &L->regions[L->pieces[rt->piece0].region];
-        if (!rt->simple || g->dim < 0 || E->slots[k].file < 0 || E->files[E->slots[k].file].part != part)
+        if (!rt->simple || g->dim < 0 || E->slots[k].file < 0 ||
+            E->files[E->slots[k].file].part != P->part)
             continue;
         const tps_ctensor *t = &E->ck->t[g->src];
-        if (!first) fputc(',', f);
+        char num[32];
+        if (!first) tps_sb_puts(b, ",");
         first = 0;
-        tps_json_quote(t->name, mem_sink, f);
-        fprintf(f, ":{\"placement\":\"Shard(%d)\",\"global_shape\":[", g->dim);
-        for (int d = 0; d < t->ndim; d++) fprintf(f, "%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
-        fprintf(f, "],\"offset\":%llu}", (unsigned long long)g->lo);
+        tps_json_quote(t->name, tps_sb_sink, b);
+        snprintf(num, sizeof num, "%d", g->dim);
+        tps_sb_puts(b, ":{\"placement\":\"Shard(");
+        tps_sb_puts(b, num);
+        tps_sb_puts(b, ")\",\"global_shape\":[");
+        for (int d = 0; d < t->ndim; d++) {
+            snprintf(num, sizeof num, "%s%llu", d ? "," : "", (unsigned long long)t->shape[d]);
+            tps_sb_puts(b, num);
+        }
+        snprintf(num, sizeof num, "%llu", (unsigned long long)g->lo);
+        tps_sb_puts(b, "],\"offset\":");
+        tps_sb_puts(b, num);
+        tps_sb_puts(b, "}");
     }
-    fputc('}', f);
-    int bad = ferror(f);
-    if (fclose(f) != 0 || bad) {
-        free(s);
-        return NULL;
-    }
-    return s;
+    tps_sb_puts(b, "}");
+}
+
+/* A rank file's header streamed into it from offset 0, its CRC as it goes. */
+struct hdr_out {
+    engine *E;
+    ofile *f;
+    uint64_t off;
+    uint32_t crc;
+    tps_err rc;
+};
+
+static int hdr_write(void *u, const char *p, size_t n)
+{
+    struct hdr_out *h = u;
+    h->rc = tps_pwrite_full(h->E->ctx, h->f->fd, h->f->final, p, n, h->off);
+    if (h->rc) return 1;
+    h->crc = tps_crc32(h->crc, p, n);
+    h->off += n;
+    return 0;
 }
 
 /* File fi's header: its tensors (its rank's, in name order, assigned to it),
  * the metadata, and, from its length, their offsets (slots) and the file's
- * size. */
-static tps_err file_header(engine *E, size_t fi, char **hdr)
+ * size. Not kept (22 MB for a DTensor rank file at DeepSeek-V3's size):
+ * counted (write 0: f->hdr_len set), or written to f->fd (write 1: the
+ * length a count found, f->hdr_crc set). */
+static tps_err file_header(engine *E, size_t fi, int write)
 {
     tps_ctx *ctx = E->ctx;
     const tps_layout *L = E->L;
     ofile *f = &E->files[fi];
     int r = f->rank, p = f->part;
-    size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0, m = 0;
+    size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0, m = 0, len = 0;
     tps_st_entry *pe = tps_xcalloc(n ? n : 1, sizeof *pe);
     size_t *map = tps_xcalloc(n ? n : 1, sizeof *map);
+    struct hdr_out h = {.E = E, .f = f};
+    tps_sbuf b = {.out = write ? hdr_write : tps_sb_discard, .out_u = &h};
+    uint64_t N = write ? f->hdr_len - 8 : 0;
     tps_err rc = TPS_OK;
-    *hdr = NULL;
     TPS_FAIL_IF(!pe || !map, ctx, TPS_E_NOMEM, "out of memory");
     for (size_t k = 0; k < n; k++) {
         if (E->slots[k0 + k].file != (int)fi) continue;
@@ -1772,24 +1803,28 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
     snprintf(ps, sizeof ps, "%d", p);
     snprintf(np, sizeof np, "%d", f->nparts);
     if (!L->spec) {
-        char *pj = placements_json(E, r, p);
-        TPS_FAIL_IF(!pj, ctx, TPS_E_NOMEM, "out of memory");
+        struct placements P = {E, r, p};
         const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan", "tool",
                             "placements"};
         const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
-                            "tpshard " TPS_VERSION_STRING, pj};
-        rc = tps_st_build_header(ctx, pe, m, mk, mv, 8, hdr, &f->hdr_len);
-        free(pj);
+                            "tpshard " TPS_VERSION_STRING, NULL};
+        rc = tps_st_emit_header(ctx, pe, m, mk, mv, 8, placements_put, &P, f->pad, N, &b, &len);
     } else {
         /* with pipeline stages, the worker's stage too (pp 1: as without) */
         const char *mk[] = {"format", "tp_rank", "tp_size", "part", "parts", "plan",
                             "tool", "layout", "target", "pp_rank", "pp_size"};
         const char *mv[] = {"pt", rs, ts, ps, np, tps_plan_name(L->plan),
                             "tpshard " TPS_VERSION_STRING, L->spec->name, L->spec->target, sr, ss};
-        rc = tps_st_build_header(ctx, pe, m, mk, mv, L->pp > 1 ? 11 : 9, hdr, &f->hdr_len);
+        rc = tps_st_emit_header(ctx, pe, m, mk, mv, L->pp > 1 ? 11 : 9, NULL, NULL, f->pad, N,
+                                &b, &len);
     }
-    if (!rc) rc = tps_st_pad_header(ctx, hdr, &f->hdr_len, f->pad);
+    if (!rc) tps_sb_flush(&b);
+    if (!rc && b.failed) rc = h.rc ? h.rc : tps_fail(ctx, TPS_E_IO, "%s: cannot write", f->tmp);
+    if (!rc && write && len != f->hdr_len)
+        rc = tps_fail(ctx, TPS_E_IO, "%s: header changed size", f->final);
     if (!rc) {
+        f->hdr_len = len;
+        f->hdr_crc = h.crc;
         f->size = f->hdr_len;
         for (size_t k = 0; k < m; k++) {
             E->slots[map[k]].off = f->hdr_len + pe[k].offset;
@@ -1797,6 +1832,7 @@ static tps_err file_header(engine *E, size_t fi, char **hdr)
         }
     }
 out:
+    free(b.p);
     free(pe);
     free(map);
     return rc;
@@ -1822,11 +1858,12 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
             ent[k] = (tps_st_entry){.name = rt->name, .dtype = rt->dtype, .ndim = rt->ndim,
                                     .shape = rt->shape, .nbytes = rt->nbytes};
         }
-        /* The file order to assign parts in. */
-        char *h0;
+        /* The file order to assign parts in (a header counted, not kept). */
+        tps_sbuf cb = {.out = tps_sb_discard};
         size_t h0len;
-        TPS_CHECK(tps_st_build_header(ctx, ent, n, NULL, NULL, 0, &h0, &h0len));
-        free(h0);
+        rc = tps_st_emit_header(ctx, ent, n, NULL, NULL, 0, NULL, NULL, 0, 0, &cb, &h0len);
+        free(cb.p);
+        TPS_CHECK(rc);
         size_t *ord = tps_xcalloc(n ? n : 1, sizeof *ord);
         TPS_FAIL_IF(!ord, ctx, TPS_E_NOMEM, "out of memory");
         for (size_t k = 0; k < n; k++) ord[ent[k].order] = k;
@@ -1862,11 +1899,8 @@ static tps_err build_files(engine *E, const tps_split_opts *o)
             /* The header's length places the tensors; the header itself is
              * made again when the file is written (every rank's at once was
              * 30 MB for an MoE of 18,867 tensors at tp 8). */
-            char *hdr = NULL;
-            tps_err hrc = file_header(E, E->nfiles - 1, &hdr);
-            free(hdr);
             TPS_FAIL_IF(!f->final || !f->tmp, ctx, TPS_E_NOMEM, "out of memory");
-            TPS_CHECK(hrc);
+            TPS_CHECK(file_header(E, E->nfiles - 1, 0));
         }
     }
 out:
@@ -1883,10 +1917,7 @@ static tps_err align_files(engine *E)
     TPS_TRY(tps_sp_align(E));
     for (size_t i = 0; i < E->nfiles; i++) {
         if (!E->files[i].pad) continue;
-        char *hdr = NULL;
-        tps_err rc = file_header(E, i, &hdr);
-        free(hdr);
-        TPS_TRY(rc);
+        TPS_TRY(file_header(E, i, 0));
     }
     return TPS_OK;
 }
@@ -1901,14 +1932,7 @@ static tps_err write_headers(engine *E)
         ofile *f = &E->files[i];
         f->fd = open(f->tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         TPS_FAIL_IF(f->fd < 0, ctx, TPS_E_IO, "%s: cannot create: %s", f->tmp, strerror(errno));
-        char *hdr = NULL;
-        size_t len = f->hdr_len;
-        TPS_CHECK(file_header(E, i, &hdr));
-        tps_err wrc = f->hdr_len != len ? tps_fail(ctx, TPS_E_IO, "%s: header changed size", f->final)
-                                        : tps_pwrite_full(ctx, f->fd, f->final, hdr, f->hdr_len, 0);
-        if (!wrc) f->hdr_crc = tps_crc32(0, hdr, f->hdr_len);
-        free(hdr);
-        TPS_CHECK(wrc);
+        TPS_CHECK(file_header(E, i, 1));
         /* Size it now: a full disk or a size limit shows before the copy. */
         if (f->size > f->hdr_len && ftruncate(f->fd, (off_t)f->size) != 0) {
             int e = errno;
