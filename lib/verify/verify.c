@@ -65,12 +65,7 @@ static void vctx_free(vctx *V)
         tps_vj_free(V, u->job);
         free(u->segc);
         free(u->crcpre);
-        free(u->piece);
-        free(u->lo);
-        free(u->len);
-        free(u->diff);
-        free(u->first);
-        free(u->slot_rank);
+        free(u->diff); /* and the unit's other per-slot arrays (unit_slots) */
         free(u->crcs);
         free(u->crclen);
         free(u->pre);
