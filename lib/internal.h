@@ -1278,8 +1278,8 @@ struct tps_layout {
     size_t nregions, cap_regions;
     tps_xform *xforms; /* refined and transposed pieces' transforms (tps_lpiece.xf - 1) */
     size_t nxforms;
-    size_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
-    size_t *src_piece0;
+    uint32_t *src_pieces; /* the pieces of source tensor i: src_pieces[src_piece0[i] ..] */
+    uint32_t *src_piece0;
     char **names;     /* made-up rank tensor names (owned) */
     size_t nnames;
     uint64_t **shape_chunks; /* the rank tensors' shapes (chunks never move) */

@@ -151,7 +151,7 @@ tps_err tps_lc_finish(cstate *C)
             const tps_lpiece *p = &L->pieces[pi];
             if (p->kind != TPS_PK_SRC) continue;
             size_t s = L->regions[p->region].src;
-            L->src_pieces[L->src_piece0[s] + fill[s]++] = pi;
+            L->src_pieces[L->src_piece0[s] + fill[s]++] = (uint32_t)pi;
         }
     free(fill);
     for (size_t i = 0; i < ck->n; i++)

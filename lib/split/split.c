@@ -75,7 +75,7 @@ static tps_err index_dests(engine *E)
     for (size_t pi = 0; pi < L->npieces; pi++) {
         const tps_lpiece *p = &L->pieces[pi];
         if (p->kind == TPS_PK_SRC && E->write[p->rank])
-            E->dests[E->dest0[p->region] + fill[p->region]++] = pi;
+            E->dests[E->dest0[p->region] + fill[p->region]++] = (uint32_t)pi;
     }
     free(fill);
     return TPS_OK;

@@ -71,8 +71,9 @@ typedef struct {
     ofile *files;
     size_t nfiles;
     oslot *slots;    /* [rank tensor] */
-    size_t *dests;   /* written pieces of each region: dests[dest0[g] .. dest0[g + 1]) */
-    size_t *dest0;
+    uint32_t *dests; /* written pieces of each region: dests[dest0[g] .. dest0[g + 1]) (piece
+                      * and region indexes are 32-bit: tps_layout_compile) */
+    uint32_t *dest0;
     task *tasks;
     size_t ntasks, cap;
     uint32_t *crcs;
