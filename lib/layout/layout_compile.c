@@ -95,11 +95,14 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
         }
     }
     /* Regions keep 32-bit bounds and indexes (32 bytes each, not 48). */
-    if (hi > UINT32_MAX || src > UINT32_MAX || L->nregions >= UINT32_MAX || L->npieces >= UINT32_MAX)
+    if (hi > UINT32_MAX)
         return tps_fail(C->ctx, TPS_E_SHAPE,
-                        "%s: tensor '%s' cannot be placed: a dim of 2^32 elements or more, or "
-                        "over 2^32 regions",
-                        C->ck->path, C->ck->t[src].name);
+                        "%s: tensor '%s' cannot be split along dim %d: it is %llu elements long, "
+                        "and tpshard splits dims of under 2^32 elements",
+                        C->ck->path, C->ck->t[src].name, dim,
+                        (unsigned long long)C->ck->t[src].shape[dim]);
+    if (src > UINT32_MAX || L->nregions >= UINT32_MAX || L->npieces >= UINT32_MAX)
+        return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 tensor-rank pieces", C->ck->path);
     if (L->nregions == L->cap_regions) {
         size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
         tps_region *n = realloc(L->regions, cap * sizeof *n);

@@ -39,4 +39,56 @@ expect_exit 0 "--ranks 0-7" -- tps split "$T/m" --tp 16 --layout vllm --ranks 0-
 expect_exit 0 "--ranks 8-15 joins it" -- tps split "$T/m" --tp 16 --layout vllm --ranks 8-15 -o "$T/j" -q
 cmp -s "$T/j/tpshard.json" "$T/o/tpshard.json" && ok "two --ranks runs make the manifest one split makes" ||
   notok "--ranks join: another manifest"
+# A dim of 2^32 elements or more (a vocabulary of 2^32 + 8, the embedding and head sparse
+# files of 64 GiB): the compiled layout keeps 32-bit bounds, so split refuses, naming the
+# tensor, its dim and its length, and writes nothing.
+gen llama "$T/big" --layers 1 --hidden 8 --heads 2 --kv-heads 2 --inter 16 --vocab 16 --untied \
+  >/dev/null 2>"$ERR" || { notok "gen.py"; diag "$ERR"; }
+if python3 - "$T/big" <<'PY' 2>"$ERR"
+import json, struct, sys
+d = sys.argv[1]
+p = d + "/model.safetensors"
+with open(p, "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    h = json.loads(f.read(n))
+    data = f.read()
+V = 2**32 + 8
+big = ("model.embed_tokens.weight", "lm_head.weight")
+meta = h.pop("__metadata__", None)
+out, blob = {}, b""
+for k, v in sorted(h.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+    if k in big:
+        continue
+    b = data[v["data_offsets"][0]:v["data_offsets"][1]]
+    out[k] = {"dtype": v["dtype"], "shape": v["shape"], "data_offsets": [len(blob), len(blob) + len(b)]}
+    blob += b
+end = len(blob)
+for k in big:
+    out[k] = {"dtype": "BF16", "shape": [V, 8], "data_offsets": [end, end + V * 16]}
+    end += V * 16
+if meta:
+    out["__metadata__"] = meta
+hj = json.dumps(out, separators=(",", ":")).encode()
+hj += b" " * ((8 - len(hj) % 8) % 8)
+try:
+    with open(p, "wb") as f:
+        f.write(struct.pack("<Q", len(hj)) + hj + blob)
+        f.truncate(8 + len(hj) + end)
+except OSError as e:
+    print(e, file=sys.stderr)
+    sys.exit(2)
+c = json.load(open(d + "/config.json"))
+c["vocab_size"] = V
+json.dump(c, open(d + "/config.json", "w"))
+PY
+then
+  expect_exit 1 "a dim of 2^32 + 8 elements: split refuses" -- tps split "$T/big" --tp 2 -o "$T/bigout"
+  expect_stderr_has "tensor 'lm_head.weight' cannot be split along dim 0: it is 4294967304 elements long" \
+    "it names the tensor, the dim and its length"
+  [ ! -e "$T/bigout" ] && ok "nothing written" || notok "$T/bigout was made"
+else
+  echo "skip - a dim of 2^32 elements: this file system will not hold a 128 GiB sparse file"
+  diag "$ERR"
+fi
+rm -rf "$T/big"
 finish
