@@ -1210,10 +1210,13 @@ typedef struct {
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
     uint32_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
     int rank;
-    tps_dtype dtype;
+    uint8_t dtype;   /* tps_dtype */
     uint8_t ndim;
     uint8_t simple;  /* exactly one source piece under the source tensor's own name */
 } tps_rtensor; /* 48 bytes: 736k of them for a DeepSeek-V3-shaped dtensor split at tp 8 */
+_Static_assert(sizeof(tps_lpiece) == 40 && sizeof(tps_region) == 32 &&
+                   (sizeof(void *) != 8 || sizeof(tps_rtensor) == 48),
+               "the compiled layout's tables: one of each for every tensor-rank piece");
 
 /* Bytes from one step of a rank tensor's dims before its last to the next:
  * how far apart a strided piece's runs lie. */
