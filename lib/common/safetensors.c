@@ -81,12 +81,68 @@ void tps_st_free(tps_st *st)
  * number rules are serde_json's for u64: "1.0", "1e3" and "-0" are not
  * counts. Text was checked as UTF-8 before it gets here. */
 
+/* The shapes a header's tensors share, each kept once: a DTensor rank file of
+ * DeepSeek-V3's size has 92k tensors of a few dozen shapes (12 MB of copies
+ * for 8 ranks). Open addressing over (ndim, dims), during the parse only. */
+typedef struct {
+    const uint64_t *sh;
+    int nd;
+} shape_ent;
+#define SHAPE_SET_MAX 65536 /* distinct shapes kept; past it each is its own */
+
 typedef struct {
     const char *s;
     size_t n, i;
     tps_ctx *ctx;
     const char *label;
+    shape_ent *set;
+    size_t nset, cap_set;
 } jp;
+
+static uint64_t shape_hash(const uint64_t *sh, int nd)
+{
+    uint64_t h = 1469598103934665603ull ^ (uint64_t)nd;
+    for (int d = 0; d < nd; d++) h = (h ^ sh[d]) * 1099511628211ull;
+    return h;
+}
+
+/* shape[0 .. nd) kept in st, the copy an earlier tensor of the same shape has
+ * when there is one; NULL out of memory. */
+static const uint64_t *shape_keep(jp *p, tps_st *st, const uint64_t *shape, int nd)
+{
+    uint64_t h = shape_hash(shape, nd);
+    if (p->cap_set) {
+        for (size_t k = h & (p->cap_set - 1);; k = (k + 1) & (p->cap_set - 1)) {
+            const shape_ent *e = &p->set[k];
+            if (!e->sh && e->nd < 0) break;
+            if (e->nd == nd && !memcmp(e->sh, shape, sizeof(uint64_t) * (size_t)nd)) return e->sh;
+        }
+    }
+    uint64_t *sh = shape_slot(st, nd);
+    if (!sh) return NULL;
+    memcpy(sh, shape, sizeof(uint64_t) * (size_t)nd);
+    if (p->nset >= SHAPE_SET_MAX) return sh;
+    if (2 * (p->nset + 1) > p->cap_set) {
+        size_t cap = p->cap_set ? 2 * p->cap_set : 64;
+        shape_ent *ns = malloc(cap * sizeof *ns);
+        if (!ns) return sh; /* not shared: still kept */
+        for (size_t k = 0; k < cap; k++) ns[k] = (shape_ent){NULL, -1};
+        for (size_t j = 0; j < p->cap_set; j++) {
+            if (p->set[j].nd < 0) continue;
+            size_t k = shape_hash(p->set[j].sh, p->set[j].nd) & (cap - 1);
+            while (ns[k].nd >= 0) k = (k + 1) & (cap - 1);
+            ns[k] = p->set[j];
+        }
+        free(p->set);
+        p->set = ns;
+        p->cap_set = cap;
+    }
+    size_t k = h & (p->cap_set - 1);
+    while (p->set[k].nd >= 0) k = (k + 1) & (p->cap_set - 1);
+    p->set[k] = (shape_ent){sh, nd};
+    p->nset++;
+    return sh;
+}
 
 static void jws(jp *p)
 {
@@ -433,9 +489,8 @@ static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_i
     if (t->begin > t->end)
         return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu",
                         label, name, (unsigned long long)t->begin, (unsigned long long)t->end);
-    uint64_t *sh = shape_slot(st, t->ndim);
+    const uint64_t *sh = shape_keep(p, st, shape, t->ndim);
     if (!sh) return tps_fail(p->ctx, TPS_E_NOMEM, "%s: out of memory", label);
-    memcpy(sh, shape, sizeof(uint64_t) * (size_t)t->ndim);
     t->shape = sh;
     int ovf, mis;
     uint64_t nb = tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
@@ -575,7 +630,9 @@ tps_err tps_st_parse_header_owned(tps_ctx *ctx, const char *label, char *raw, si
     st->data_start = 8 + (uint64_t)n;
     TPS_FAIL_IF(!tps_utf8_valid(json, n), ctx, TPS_E_FORMAT, "%s: header is not valid UTF-8", label);
     jp p = {.s = json, .n = n, .i = 0, .ctx = ctx, .label = label};
-    TPS_CHECK(parse_top(&p, st));
+    rc = parse_top(&p, st);
+    free(p.set);
+    TPS_CHECK(rc);
     if (st->n > 1) qsort(st->t, st->n, sizeof *st->t, cmp_by_offset);
     uint64_t pos = 0;
     for (size_t i = 0; i < st->n; i++) {
