@@ -138,6 +138,12 @@ const char *tps_fs_unmappable(int fd, char *name, size_t len);
 tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t len,
                        cJSON **out);
 /* s as a JSON string literal, escaped as serde_json writes it, through put. */
+/* Gives the heap's free pages back to the system (glibc: malloc_trim), for a
+ * long pass that frees many small blocks between blocks it keeps: without it
+ * the holes stay resident (reading a DTensor split's manifest at DeepSeek-V3's
+ * size, 30 MB of them). Elsewhere a no-op. */
+void tps_heap_release(void);
+
 /* A growing NUL-terminated text; oom set (and nothing more kept) when an
  * allocation fails. Streamed (out set): the text goes to out in pieces of
  * about TPS_SB_PIECE bytes as it grows instead of all being kept (a DTensor

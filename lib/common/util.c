@@ -1,6 +1,9 @@
 /* util.c - ctx, errors, memory, file helpers, JSON helpers shared by lib/. */
 #include "internal.h"
 
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -547,6 +550,13 @@ const char *tps_json_dup_key(const cJSON *obj)
         if (strcmp(keys[i - 1], keys[i]) == 0) dup = keys[i];
     free(keys);
     return dup;
+}
+
+void tps_heap_release(void)
+{
+#ifdef __GLIBC__
+    malloc_trim(0);
+#endif
 }
 
 static void sb_raw(tps_sbuf *b, const char *s, size_t n)
