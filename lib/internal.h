@@ -75,6 +75,9 @@ extern void (*tps_text_mapped_hook)(const char *path); /* tests: called once map
 tps_err tps_text_open(tps_ctx *ctx, const char *path, size_t max, tps_text *t);
 void tps_text_close(tps_text *t);
 void tps_text_behind(const char *p);
+/* The whole pages of [b, e) of the open mapped text let go (read once and
+ * not again soon: a manifest's head, copied out to be parsed). */
+void tps_text_release(const char *b, const char *e);
 /* pread loop; short file -> TPS_E_FORMAT "truncated". */
 tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off);
 tps_err tps_pwrite_full(tps_ctx *ctx, int fd, const char *path, const void *buf, size_t len,

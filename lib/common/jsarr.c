@@ -164,6 +164,11 @@ tps_err tps_js_parse_manifest(tps_ctx *ctx, const char *mpath, const char *tx_p,
             o += (size_t)(text + tlen - b->e);
         }
         rest[o] = 0;
+        /* The copied text's pages (a DeepSeek-V3-sized source's headers: 12 MB)
+         * are not read again: let go, or they stay for the whole read. */
+        tps_text_release(text, a->b);
+        tps_text_release(a->e, b ? b->b : text + tlen);
+        if (b) tps_text_release(b->e, text + tlen);
         TPS_CHECK(tps_json_parse(ctx, mpath, rest, o, root));
         free(rest);
         rest = NULL;

@@ -280,6 +280,17 @@ void tps_text_behind(const char *p)
     t->done = to;
 }
 
+void tps_text_release(const char *b, const char *e)
+{
+    tps_text *t = text_cur;
+    if (!t || !t->mapped || b < t->p || e > t->p + t->len || e <= b) return;
+    long ps = sysconf(_SC_PAGESIZE);
+    size_t page = ps > 0 ? (size_t)ps : 4096;
+    const char *from = t->p + (((size_t)(b - t->p) + page - 1) & ~(page - 1));
+    const char *to = t->p + ((size_t)(e - t->p) & ~(page - 1));
+    if (to > from) madvise((void *)from, (size_t)(to - from), MADV_DONTNEED);
+}
+
 tps_err tps_pread_full(tps_ctx *ctx, int fd, const char *path, void *buf, size_t len, uint64_t off)
 {
     char *p = buf;
