@@ -286,8 +286,10 @@ typedef struct {
     tps_dtype dtype;
     int ndim;
     const uint64_t *shape; /* ndim of them, in the header's shape chunks */
-    uint64_t begin, end; /* relative to the data section */
-} tps_st_tensor_info; /* 40 bytes: a sharded MoE's 8 rank files hold 151k */
+    uint64_t begin;  /* relative to the data section; its end: tps_st_info_end (the
+                      * parse refused data_offsets whose span its dtype and shape do not
+                      * make, so nothing else need be kept) */
+} tps_st_tensor_info; /* 32 bytes: a DTensor split's 8 rank files hold 736k at DeepSeek-V3's size */
 
 struct tps_st {
     char *path;
@@ -312,6 +314,17 @@ tps_err tps_st_parse_header(tps_ctx *ctx, const char *label, const char *json, s
 tps_err tps_st_parse_header_owned(tps_ctx *ctx, const char *label, char *raw, size_t n,
                                   uint64_t file_size, tps_st **out);
 uint64_t tps_nbytes(tps_dtype d, const uint64_t *shape, int ndim, int *ovf, int *misaligned);
+/* A header tensor's bytes (its dtype and shape's, which its data_offsets span)
+ * and the end of its data_offsets. */
+static inline uint64_t tps_st_info_nbytes(const tps_st_tensor_info *t)
+{
+    int ovf, mis;
+    return tps_nbytes(t->dtype, t->shape, t->ndim, &ovf, &mis);
+}
+static inline uint64_t tps_st_info_end(const tps_st_tensor_info *t)
+{
+    return t->begin + tps_st_info_nbytes(t);
+}
 
 /* Writer: describe the tensors, get the header bytes and every tensor's
  * offset in reference order (dtype by descending alignment, then name). */
@@ -391,7 +404,8 @@ typedef struct {
     uint8_t tr : 1;   /* transposed (tps_xform.tr): its region's last two dims swapped
                        * in the file; reads undo it */
     uint64_t off;     /* absolute offset of the piece's bytes in that file */
-    uint64_t lo, hi;  /* range along the tensor's dim (dim >= 0) */
+    uint32_t lo, hi;  /* range along the tensor's dim (dim >= 0; a dim is under 2^32
+                       * elements: split refuses longer, the reader too) */
     uint64_t nbytes;
     const char *holder; /* sharded dirs: the rank tensor holding it (a serving
                          * layout's fused or padded tensor), or the tensor's own name */
@@ -408,7 +422,7 @@ typedef struct {
             uint32_t run, stride;
         };
     };
-} tps_piece; /* 80 bytes: 723k of them for a DeepSeek-V3-shaped vllm split at tp 8 */
+} tps_piece; /* 72 bytes: 723k of them for a DeepSeek-V3-shaped vllm split at tp 8 */
 
 /* A serving layout's rank tensor that is not one piece of a source tensor
  * (manifest rank_tensors): what each of its bytes is. */
@@ -504,7 +518,7 @@ typedef struct {
     int64_t mtime_s, mtime_ns; /* at open: tps_ckpt_recheck compares */
     tps_st *st;
     int rank;    /* sharded dirs */
-    const tps_st_tensor_info **byname; /* sharded dirs: st's tensors sorted by name */
+    uint32_t *byname; /* sharded dirs: st's tensors (indexes into st->t) sorted by name */
 } tps_cfile;
 
 struct tps_ckpt {

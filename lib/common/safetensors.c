@@ -433,7 +433,7 @@ static tps_err parse_metadata(jp *p, tps_st *st)
 static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_info *t)
 {
     const char *label = p->label;
-    uint64_t shape[TPS_MAX_DIMS];
+    uint64_t shape[TPS_MAX_DIMS], end = 0;
     jws(p);
     if (jpeek(p) < 0) return jbad(p, "the header ends in the middle of an entry");
     if (jpeek(p) != '{')
@@ -471,7 +471,7 @@ static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_i
                                   "%s: tensor '%s': data_offsets must be two non-negative integers [begin, end]",
                                   label, name);
                 t->begin = o[0];
-                t->end = o[1];
+                end = o[1];
             } else if (!rc) {
                 rc = jskip(p, 2); /* unknown keys are ignored, as the reference reader does */
             }
@@ -486,9 +486,9 @@ static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_i
     if (!have_dt) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing dtype", label, name);
     if (!have_sh) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing shape", label, name);
     if (!have_of) return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': missing data_offsets", label, name);
-    if (t->begin > t->end)
+    if (t->begin > end)
         return tps_fail(p->ctx, TPS_E_FORMAT, "%s: tensor '%s': data_offsets begin %llu > end %llu",
-                        label, name, (unsigned long long)t->begin, (unsigned long long)t->end);
+                        label, name, (unsigned long long)t->begin, (unsigned long long)end);
     const uint64_t *sh = shape_keep(p, st, shape, t->ndim);
     if (!sh) return tps_fail(p->ctx, TPS_E_NOMEM, "%s: out of memory", label);
     t->shape = sh;
@@ -502,11 +502,11 @@ static tps_err parse_tensor(jp *p, tps_st *st, const char *name, tps_st_tensor_i
                         "%s: tensor '%s': %s element count does not fill whole bytes (misaligned "
                         "sub-byte tensor)",
                         label, name, tps_dtype_name(t->dtype));
-    if (t->end - t->begin != nb)
+    if (end - t->begin != nb)
         return tps_fail(p->ctx, TPS_E_FORMAT,
                         "%s: tensor '%s': data_offsets span %llu bytes but shape and dtype %s need "
                         "%llu (size mismatch)",
-                        label, name, (unsigned long long)(t->end - t->begin),
+                        label, name, (unsigned long long)(end - t->begin),
                         tps_dtype_name(t->dtype), (unsigned long long)nb);
     return TPS_OK;
 }
@@ -598,7 +598,8 @@ static int cmp_by_offset(const void *a, const void *b)
 {
     const tps_st_tensor_info *x = a, *y = b;
     if (x->begin != y->begin) return x->begin < y->begin ? -1 : 1;
-    if (x->end != y->end) return x->end < y->end ? -1 : 1;
+    uint64_t xe = tps_st_info_end(x), ye = tps_st_info_end(y);
+    if (xe != ye) return xe < ye ? -1 : 1;
     return strcmp(x->name, y->name);
 }
 
@@ -639,13 +640,13 @@ tps_err tps_st_parse_header_owned(tps_ctx *ctx, const char *label, char *raw, si
         const tps_st_tensor_info *t = &st->t[i];
         TPS_FAIL_IF(t->begin < pos, ctx, TPS_E_FORMAT,
                     "%s: tensor '%s': data_offsets [%llu, %llu] overlap the previous tensor '%s'",
-                    label, t->name, (unsigned long long)t->begin, (unsigned long long)t->end,
-                    i ? st->t[i - 1].name : "");
+                    label, t->name, (unsigned long long)t->begin,
+                    (unsigned long long)tps_st_info_end(t), i ? st->t[i - 1].name : "");
         TPS_FAIL_IF(t->begin > pos, ctx, TPS_E_FORMAT,
                     "%s: tensor '%s': gap of %llu bytes before its data_offsets (offsets must be "
                     "contiguous from 0)",
                     label, t->name, (unsigned long long)(t->begin - pos));
-        pos = t->end;
+        pos = tps_st_info_end(t);
     }
     uint64_t end = st->data_start + pos;
     TPS_FAIL_IF(end < st->data_start, ctx, TPS_E_FORMAT, "%s: offsets overflow", label);
@@ -747,7 +748,7 @@ void tps_st_tensor(const tps_st *st, size_t i, tps_tensor_view *v)
     v->dtype = t->dtype;
     v->ndim = t->ndim;
     v->shape = t->shape;
-    v->nbytes = t->end - t->begin;
+    v->nbytes = tps_st_info_nbytes(t);
     const char *slash = strrchr(st->path, '/');
     v->file = slash ? slash + 1 : st->path;
     v->offset = t->begin;

@@ -160,7 +160,7 @@ tps_err tps_ck_add_file_tensors(tps_ctx *ctx, tps_ckpt *ck, size_t fi)
         t->ndim = s->ndim;
         if (!(t->shape = tps_ck_keep_shape(ck, s->shape, s->ndim)))
             return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-        t->nbytes = s->end - s->begin;
+        t->nbytes = tps_st_info_nbytes(s);
         t->dim = -1;
         t->npieces = 1;
         t->pieces = &pool[i];

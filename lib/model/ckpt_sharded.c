@@ -31,19 +31,20 @@ static int json_shape(const cJSON *a, uint64_t *shape, int *ndim)
     return 1;
 }
 
-static int cmp_info_name(const void *a, const void *b)
+static int cmp_info_name(const void *a, const void *b, void *st_)
 {
-    return strcmp((*(const tps_st_tensor_info *const *)a)->name,
-                  (*(const tps_st_tensor_info *const *)b)->name);
+    const tps_st *st = st_;
+    return strcmp(st->t[*(const uint32_t *)a].name, st->t[*(const uint32_t *)b].name);
 }
 
 /* Rank files are searched once per (tensor, rank): by name, in log time. */
 tps_err tps_cfile_index(tps_ctx *ctx, tps_cfile *f)
 {
-    f->byname = tps_xmalloc(f->st->n * sizeof *f->byname);
+    if (f->st->n > UINT32_MAX) return tps_fail(ctx, TPS_E_FORMAT, "%s: over 2^32 tensors", f->st->path);
+    f->byname = tps_xmalloc((f->st->n ? f->st->n : 1) * sizeof *f->byname);
     if (!f->byname) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    for (size_t k = 0; k < f->st->n; k++) f->byname[k] = &f->st->t[k];
-    if (f->st->n > 1) qsort(f->byname, f->st->n, sizeof *f->byname, cmp_info_name);
+    for (size_t k = 0; k < f->st->n; k++) f->byname[k] = (uint32_t)k;
+    if (f->st->n > 1) qsort_r(f->byname, f->st->n, sizeof *f->byname, cmp_info_name, f->st);
     return TPS_OK;
 }
 
@@ -52,8 +53,9 @@ const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name)
     size_t lo = 0, hi = f->st->n;
     while (lo < hi) {
         size_t mid = lo + (hi - lo) / 2;
-        int c = strcmp(f->byname[mid]->name, name);
-        if (c == 0) return f->byname[mid];
+        const tps_st_tensor_info *si = &f->st->t[f->byname[mid]];
+        int c = strcmp(si->name, name);
+        if (c == 0) return si;
         if (c < 0) lo = mid + 1;
         else hi = mid;
     }
@@ -580,12 +582,12 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
                     (unsigned long long)run);
         if (pbytes) pbytes = (pbytes / run - 1) * stride + run;
     }
-    TPS_FAIL_IF(ovf || mis || at > si->end - si->begin || pbytes > si->end - si->begin - at,
+    TPS_FAIL_IF(ovf || mis || at > tps_st_info_nbytes(si) || pbytes > tps_st_info_nbytes(si) - at,
                 ctx, TPS_E_MISMATCH,
                 "%s: tensor '%s': rank %d's piece of %llu bytes at %llu does not fit in "
                 "'%s' (%llu bytes)",
                 ck->files[fi].path, t->name, rank, (unsigned long long)pbytes,
-                (unsigned long long)at, holder, (unsigned long long)(si->end - si->begin));
+                (unsigned long long)at, holder, (unsigned long long)(tps_st_info_nbytes(si)));
     tps_piece *pc = replica ? --*reps : &t->pieces[t->npieces++];
     if (replica) t->nreplicas++;
     pc->file = (int)fi;
@@ -604,8 +606,13 @@ static tps_err read_rank_entry(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S, tps_cten
         pc->run = (uint32_t)run;
         pc->stride = (uint32_t)stride;
     }
-    pc->lo = lo;
-    pc->hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
+    uint64_t hi = lo + (t->dim >= 0 ? lshape[t->dim] : 0);
+    TPS_FAIL_IF(hi < lo || hi > UINT32_MAX, ctx, TPS_E_JSON,
+                "%s: tensor '%s': rank %d's piece [%llu, %llu) along dim %d reaches past 2^32 "
+                "elements (split writes none such)",
+                S->mpath, t->name, rank, (unsigned long long)lo, (unsigned long long)hi, t->dim);
+    pc->lo = (uint32_t)lo;
+    pc->hi = (uint32_t)hi;
     pc->holder = holder;
     pc->at = at;
     uint64_t c;

@@ -122,9 +122,9 @@ char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *
             if (ti->shape[d] != want) shape_ok = 0;
         }
         if (!shape_ok) return tps_asprintf("%s: local shape differs from the manifest", f->name);
-        if (ti->end - ti->begin != pc->nbytes)
+        if (tps_st_info_nbytes(ti) != pc->nbytes)
             return tps_asprintf("%s: %llu bytes, the manifest says %llu", f->name,
-                                (unsigned long long)(ti->end - ti->begin),
+                                (unsigned long long)(tps_st_info_nbytes(ti)),
                                 (unsigned long long)pc->nbytes);
         return NULL;
     }

@@ -43,7 +43,7 @@ static int find_held(const tps_ckpt *ck, int r, const char *name, held *h)
         const tps_st_tensor_info *si = tps_cfile_find(&ck->files[f], name);
         if (!si) continue;
         *h = (held){.file = (int)f, .off = ck->files[f].st->data_start + si->begin,
-                    .nbytes = si->end - si->begin};
+                    .nbytes = tps_st_info_nbytes(si)};
         return 1;
     }
     return 0;

@@ -25,8 +25,8 @@ static void roundtrip(tps_ctx *ctx, const tps_st *st)
     for (size_t i = 0; i < st->n; i++) {
         const tps_st_tensor_info *t = &st->t[i];
         e[i] = (tps_st_entry){.name = t->name, .dtype = t->dtype, .ndim = t->ndim,
-                              .shape = t->shape, .nbytes = t->end - t->begin};
-        data += t->end - t->begin;
+                              .shape = t->shape, .nbytes = tps_st_info_nbytes(t)};
+        data += tps_st_info_nbytes(t);
     }
     char *hdr = NULL;
     size_t hlen = 0;
@@ -43,7 +43,7 @@ static void roundtrip(tps_ctx *ctx, const tps_st *st)
         for (size_t i = 0; i < st->n; i++) {
             const tps_st_tensor_info *a = &st->t[i], *b = find(back, a->name);
             if (!b || b->dtype != a->dtype || b->ndim != a->ndim ||
-                b->end - b->begin != a->end - a->begin ||
+                tps_st_info_nbytes(b) != tps_st_info_nbytes(a) ||
                 memcmp(a->shape, b->shape, sizeof(uint64_t) * (size_t)a->ndim) != 0)
                 abort();
         }
