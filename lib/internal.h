@@ -173,6 +173,11 @@ int tps_sb_flush(tps_sbuf *b);
 /* A discarding out: a streamed tps_sbuf that only counts (total). */
 int tps_sb_discard(void *u, const char *p, size_t n);
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
+/* path written as tps_write_file_atomic writes it (a temporary name, fsync,
+ * rename; nothing left under either name on failure), its text put by fill
+ * into a streamed tps_sbuf: never held whole. */
+tps_err tps_write_stream_atomic(tps_ctx *ctx, const char *path,
+                                tps_err (*fill)(void *u, tps_sbuf *b), void *u);
 /* s[0 .. n) escaped as tps_json_quote escapes it, without the quotes. */
 void tps_json_escape(const char *s, size_t n, void (*put)(void *user, const char *p, size_t n),
                      void *user);

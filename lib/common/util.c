@@ -439,6 +439,50 @@ out:
     return rc;
 }
 
+struct fd_out {
+    tps_ctx *ctx;
+    int fd;
+    const char *path;
+    uint64_t off;
+    tps_err rc;
+};
+
+static int fd_out_write(void *u, const char *p, size_t n)
+{
+    struct fd_out *o = u;
+    o->rc = tps_pwrite_full(o->ctx, o->fd, o->path, p, n, o->off);
+    o->off += n;
+    return o->rc != TPS_OK;
+}
+
+tps_err tps_write_stream_atomic(tps_ctx *ctx, const char *path,
+                                tps_err (*fill)(void *u, tps_sbuf *b), void *u)
+{
+    char *tmp = tps_tmp_name(path);
+    if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = TPS_OK;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        rc = tps_fail(ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    struct fd_out o = {.ctx = ctx, .fd = fd, .path = path};
+    tps_sbuf b = {.out = fd_out_write, .out_u = &o};
+    rc = fill(u, &b);
+    if (!rc) tps_sb_flush(&b);
+    if (!rc && b.oom) rc = tps_fail(ctx, TPS_E_NOMEM, "%s: out of memory", path);
+    if (!rc && b.failed) rc = o.rc;
+    free(b.p);
+    if (!rc && fsync(fd) != 0) rc = write_errno(ctx, path, errno);
+    if (close(fd) != 0 && !rc) rc = write_errno(ctx, path, errno);
+    if (!rc && rename(tmp, path) != 0)
+        rc = tps_fail(ctx, TPS_E_IO, "%s: rename failed: %s", path, strerror(errno));
+    if (rc) unlink(tmp);
+out:
+    free(tmp);
+    return rc;
+}
+
 tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst)
 {
     char *buf = NULL;
