@@ -343,6 +343,9 @@ typedef struct {
     size_t order;    /* out: position in file order */
 } tps_st_entry;
 
+/* Frees the header's tensor table (st->n becomes 0); the rest (data_start,
+ * metadata, raw) stays. */
+void tps_st_drop_table(tps_st *st);
 /* Frees the header's __metadata__ (a rank file's: nothing reads it once the
  * file is part of a sharded checkpoint; DTensor placements are 2 MB a rank
  * for an MoE of 18,867 tensors). */
@@ -585,6 +588,13 @@ struct tps_ckpt {
 /* f->byname: f->st's tensors sorted by name, for tps_cfile_find. */
 tps_err tps_cfile_index(tps_ctx *ctx, tps_cfile *f);
 const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name);
+
+/* A sharded checkpoint's rank files' tensor tables and their by-name indexes
+ * let go once it is read (the reader matched every piece against them):
+ * check and merge work from the pieces alone; verify keeps them, to check
+ * each piece against its file's header again. A DTensor split's rank files
+ * list every tensor again: 26 MB at DeepSeek-V3's size (92k tensors, tp 8). */
+void tps_ckpt_drop_file_tables(tps_ckpt *ck);
 
 /* Is name a source tensor the split's layout left out (the manifest's dropped[])? */
 int tps_ckpt_dropped(const tps_ckpt *ck, const char *name);

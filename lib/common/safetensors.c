@@ -66,6 +66,18 @@ static uint64_t *shape_slot(tps_st *st, int n)
     return sh;
 }
 
+void tps_st_drop_table(tps_st *st)
+{
+    for (size_t i = 0; i < st->n && !st->names_kept; i++) free(st->t[i].name);
+    free(st->t);
+    st->t = NULL;
+    st->n = 0;
+    for (size_t i = 0; i < st->nshape_chunks; i++) free(st->shape_chunks[i]);
+    free(st->shape_chunks);
+    st->shape_chunks = NULL;
+    st->nshape_chunks = st->shape_left = 0;
+}
+
 void tps_st_free(tps_st *st)
 {
     if (!st) return;

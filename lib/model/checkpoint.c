@@ -124,6 +124,17 @@ const uint64_t *tps_ck_keep_shape(tps_ckpt *ck, const uint64_t *shape, int ndim)
     return d;
 }
 
+void tps_ckpt_drop_file_tables(tps_ckpt *ck)
+{
+    if (ck->kind != TPS_SRC_SHARDED) return;
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        free(ck->files[i].byname);
+        ck->files[i].byname = NULL;
+        if (ck->files[i].st) tps_st_drop_table(ck->files[i].st);
+    }
+    tps_heap_release();
+}
+
 /* n pieces from a new pool the checkpoint frees. */
 tps_piece *tps_ck_new_pool(tps_ctx *ctx, tps_ckpt *ck, size_t n)
 {

@@ -19,7 +19,9 @@ static tps_err open_sharded_dir(tps_ctx *ctx, const char *dir, tps_ckpt **ck)
     free(m);
     if (!there)
         return tps_fail(ctx, TPS_E_IO, "%s: not a tpshard output directory (no %s)", dir, TPS_MANIFEST);
-    return tps_ckpt_open_path(ctx, dir, ck);
+    TPS_TRY(tps_ckpt_open_path(ctx, dir, ck));
+    tps_ckpt_drop_file_tables(*ck); /* check and merge read the pieces alone */
+    return TPS_OK;
 }
 
 /* "1,2,5": the ranks with no file here, into buf; returns how many are present. */
