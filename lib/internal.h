@@ -1252,9 +1252,14 @@ typedef struct {
     uint8_t ndim;
     uint8_t simple;  /* exactly one source piece under the source tensor's own name */
 } tps_rtensor; /* 48 bytes: 736k of them for a DeepSeek-V3-shaped dtensor split at tp 8 */
-_Static_assert(sizeof(tps_lpiece) == 40 && sizeof(tps_region) == 32 &&
-                   (sizeof(void *) != 8 || sizeof(tps_rtensor) == 48),
-               "the compiled layout's tables: one of each for every tensor-rank piece");
+#ifdef __cplusplus /* verify_cuda.cu includes this header */
+static_assert(
+#else
+_Static_assert(
+#endif
+    sizeof(tps_lpiece) == 40 && sizeof(tps_region) == 32 &&
+        (sizeof(void *) != 8 || sizeof(tps_rtensor) == 48),
+    "the compiled layout's tables: one of each for every tensor-rank piece");
 
 /* Bytes from one step of a rank tensor's dims before its last to the next:
  * how far apart a strided piece's runs lie. */
