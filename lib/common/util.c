@@ -418,27 +418,6 @@ tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir)
     return TPS_OK;
 }
 
-tps_err tps_write_file_atomic(tps_ctx *ctx, const char *path, const void *buf, size_t len)
-{
-    char *tmp = tps_tmp_name(path);
-    if (!tmp) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
-    tps_err rc = TPS_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        rc = tps_fail(ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
-    rc = tps_pwrite_full(ctx, fd, path, buf, len, 0);
-    if (!rc && fsync(fd) != 0) rc = write_errno(ctx, path, errno);
-    if (close(fd) != 0 && !rc) rc = write_errno(ctx, path, errno);
-    if (!rc && rename(tmp, path) != 0)
-        rc = tps_fail(ctx, TPS_E_IO, "%s: rename failed: %s", path, strerror(errno));
-    if (rc) unlink(tmp);
-out:
-    free(tmp);
-    return rc;
-}
-
 struct fd_out {
     tps_ctx *ctx;
     int fd;
@@ -481,6 +460,24 @@ tps_err tps_write_stream_atomic(tps_ctx *ctx, const char *path,
 out:
     free(tmp);
     return rc;
+}
+
+struct whole {
+    const void *buf;
+    size_t len;
+};
+
+static tps_err put_whole(void *u, tps_sbuf *b)
+{
+    const struct whole *w = u;
+    tps_sb_put(b, w->buf, w->len); /* a piece this large goes straight to the file */
+    return TPS_OK;
+}
+
+tps_err tps_write_file_atomic(tps_ctx *ctx, const char *path, const void *buf, size_t len)
+{
+    struct whole w = {buf, len};
+    return tps_write_stream_atomic(ctx, path, put_whole, &w);
 }
 
 tps_err tps_copy_file_atomic(tps_ctx *ctx, const char *src, const char *dst)
