@@ -147,6 +147,17 @@ tps_err tps_json_parse(tps_ctx *ctx, const char *label, const char *text, size_t
  * size, 30 MB of them). Elsewhere a no-op. */
 void tps_heap_release(void);
 
+/* uint64 runs that never move (shapes a table's entries point at), taken
+ * from chunks of TPS_U64_CHUNK: far fewer blocks than one a shape. */
+#define TPS_U64_CHUNK 8192
+typedef struct {
+    uint64_t **chunk;
+    size_t n, left;
+} tps_u64_chunks;
+/* n (<= TPS_U64_CHUNK) uninitialized uint64s; NULL out of memory. */
+uint64_t *tps_u64_take(tps_u64_chunks *c, size_t n);
+void tps_u64_chunks_free(tps_u64_chunks *c); /* and zeroes it */
+
 /* A growing NUL-terminated text; oom set (and nothing more kept) when an
  * allocation fails. Streamed (out set): the text goes to out in pieces of
  * about TPS_SB_PIECE bytes as it grows instead of all being kept (a DTensor
@@ -306,8 +317,7 @@ struct tps_st {
     size_t nmeta;
     char *raw;      /* the header's N bytes as they are in the file */
     size_t raw_len;
-    uint64_t **shape_chunks; /* the tensors' shapes (chunks never move) */
-    size_t nshape_chunks, shape_left;
+    tps_u64_chunks shapes; /* the tensors' shapes */
     int names_kept; /* the tensors' names are borrowed (a sharded checkpoint's string
                      * set holds them), not freed with it */
 };
@@ -487,7 +497,7 @@ typedef struct {
     const char *name;
     tps_dtype dtype;
     int ndim;
-    /* ndim of them, in ck->shape_chunks (an inline TPS_MAX_DIMS array was 128
+    /* ndim of them, in ck->shapes (an inline TPS_MAX_DIMS array was 128
      * of this struct's 216 bytes, 11 MB at DeepSeek-V3's 92k tensors) */
     const uint64_t *shape; /* zeros follow it to TPS_SHAPE_PAD dims */
     uint64_t nbytes;
@@ -565,8 +575,7 @@ struct tps_ckpt {
     size_t nrts;
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
-    uint64_t **shape_chunks; /* the tensors' shapes (chunks never move) */
-    size_t nshape_chunks, shape_left;
+    tps_u64_chunks shapes; /* the tensors' shapes */
     char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
     size_t nstr_chunks, str_left;
     char *str_next;
@@ -1243,7 +1252,7 @@ typedef struct {
 
 typedef struct {
     const char *name; /* borrowed from the source tensor, or L->names */
-    const uint64_t *shape; /* ndim of them, in L->shape_chunks */
+    const uint64_t *shape; /* ndim of them, in L->shapes */
     uint64_t nbytes;
     const char *rule; /* what made it: a plan pattern or the layout's rule, or NULL */
     uint32_t piece0, npieces; /* L->pieces[piece0 .. piece0 + npieces), by `at` */
@@ -1328,8 +1337,7 @@ struct tps_layout {
     uint32_t *src_piece0;
     char **names;     /* made-up rank tensor names (owned) */
     size_t nnames;
-    uint64_t **shape_chunks; /* the rank tensors' shapes (chunks never move) */
-    size_t nshape_chunks, shape_left;
+    tps_u64_chunks shapes; /* the rank tensors' shapes */
     const char **dropped; /* per source tensor: why the layout leaves it out (the engine's
                            * load_weights skips it), or NULL: kept. NULL when none is. */
     tps_layer_view *layers; /* strings borrowed from the config and static text */

@@ -43,28 +43,9 @@ static void st_free_fields(tps_st *st)
     free(st->mvals);
     free(st->path);
     free(st->raw);
-    for (size_t i = 0; i < st->nshape_chunks; i++) free(st->shape_chunks[i]);
-    free(st->shape_chunks);
+    tps_u64_chunks_free(&st->shapes);
 }
 
-#define SHAPE_CHUNK 8192 /* uint64s */
-
-/* A home for n dims (n <= TPS_MAX_DIMS) that never moves; NULL: no memory. */
-static uint64_t *shape_slot(tps_st *st, int n)
-{
-    if (st->shape_left < (size_t)n || !st->nshape_chunks) {
-        uint64_t **nc = realloc(st->shape_chunks, (st->nshape_chunks + 1) * sizeof *nc);
-        if (!nc) return NULL;
-        st->shape_chunks = nc;
-        nc[st->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t));
-        if (!nc[st->nshape_chunks]) return NULL;
-        st->nshape_chunks++;
-        st->shape_left = SHAPE_CHUNK;
-    }
-    uint64_t *sh = st->shape_chunks[st->nshape_chunks - 1] + (SHAPE_CHUNK - st->shape_left);
-    st->shape_left -= (size_t)n;
-    return sh;
-}
 
 void tps_st_drop_table(tps_st *st)
 {
@@ -72,10 +53,7 @@ void tps_st_drop_table(tps_st *st)
     free(st->t);
     st->t = NULL;
     st->n = 0;
-    for (size_t i = 0; i < st->nshape_chunks; i++) free(st->shape_chunks[i]);
-    free(st->shape_chunks);
-    st->shape_chunks = NULL;
-    st->nshape_chunks = st->shape_left = 0;
+    tps_u64_chunks_free(&st->shapes);
 }
 
 void tps_st_free(tps_st *st)
@@ -130,7 +108,7 @@ static const uint64_t *shape_keep(jp *p, tps_st *st, const uint64_t *shape, int 
             if (e->nd == nd && !memcmp(e->sh, shape, sizeof(uint64_t) * (size_t)nd)) return e->sh;
         }
     }
-    uint64_t *sh = shape_slot(st, nd);
+    uint64_t *sh = tps_u64_take(&st->shapes, (size_t)nd);
     if (!sh) return NULL;
     memcpy(sh, shape, sizeof(uint64_t) * (size_t)nd);
     if (p->nset >= SHAPE_SET_MAX) return sh;

@@ -604,6 +604,29 @@ const char *tps_json_dup_key(const cJSON *obj)
     return dup;
 }
 
+uint64_t *tps_u64_take(tps_u64_chunks *c, size_t n)
+{
+    if (n > TPS_U64_CHUNK) return NULL;
+    if (c->left < n || !c->n) {
+        uint64_t **nc = realloc(c->chunk, (c->n + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        c->chunk = nc;
+        if (!(nc[c->n] = malloc(TPS_U64_CHUNK * sizeof(uint64_t)))) return NULL;
+        c->n++;
+        c->left = TPS_U64_CHUNK;
+    }
+    uint64_t *p = c->chunk[c->n - 1] + (TPS_U64_CHUNK - c->left);
+    c->left -= n;
+    return p;
+}
+
+void tps_u64_chunks_free(tps_u64_chunks *c)
+{
+    for (size_t i = 0; i < c->n; i++) free(c->chunk[i]);
+    free(c->chunk);
+    memset(c, 0, sizeof *c);
+}
+
 void tps_heap_release(void)
 {
 #ifdef __GLIBC__

@@ -256,8 +256,7 @@ void tps_layout_free(tps_layout *L)
     free(L->stage_layers);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
-    for (size_t i = 0; i < L->nshape_chunks; i++) free(L->shape_chunks[i]);
-    free(L->shape_chunks);
+    tps_u64_chunks_free(&L->shapes);
     tps_quant_free(L->q);
     free(L);
 }

@@ -13,7 +13,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SHAPE_CHUNK 16384 /* uint64s */
 
 tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int ndim,
                       const uint64_t *shape, const char *rule, tps_rtensor **out)
@@ -26,19 +25,11 @@ tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
         L->rt = n;
         C->cap_rt = cap;
     }
-    /* Shapes live in chunks that never move: a rank tensor is 70 bytes, not
-     * the 200 a TPS_MAX_DIMS array would make it (151k of them for an MoE at tp 8). */
-    if (L->shape_left < (size_t)ndim) {
-        uint64_t **nc = realloc(L->shape_chunks, (L->nshape_chunks + 1) * sizeof *nc);
-        if (!nc) return nomem(C);
-        L->shape_chunks = nc;
-        nc[L->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t));
-        if (!nc[L->nshape_chunks]) return nomem(C);
-        L->nshape_chunks++;
-        L->shape_left = SHAPE_CHUNK;
-    }
-    uint64_t *sh = L->shape_chunks[L->nshape_chunks - 1] + (SHAPE_CHUNK - L->shape_left);
-    L->shape_left -= (size_t)ndim;
+    /* Shapes live in chunks that never move: a rank tensor is 48 bytes, not
+     * the 176 a TPS_MAX_DIMS array would make it (736k of them for a DTensor
+     * split at DeepSeek-V3's size). */
+    uint64_t *sh = tps_u64_take(&L->shapes, (size_t)ndim);
+    if (!sh) return nomem(C);
     memcpy(sh, shape, sizeof(uint64_t) * (size_t)ndim);
     if (L->npieces > UINT32_MAX - 1)
         return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 rank tensor pieces", C->ck->path);

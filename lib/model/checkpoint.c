@@ -44,8 +44,7 @@ void tps_ckpt_free(tps_ckpt *ck)
     free(ck->rts);
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);
-    for (size_t i = 0; i < ck->nshape_chunks; i++) free(ck->shape_chunks[i]);
-    free(ck->shape_chunks);
+    tps_u64_chunks_free(&ck->shapes);
     for (size_t i = 0; i < ck->nstr_chunks; i++) free(ck->str_chunks[i]);
     free(ck->str_chunks);
     free(ck->str_set);
@@ -102,23 +101,13 @@ tps_err tps_ck_add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     return TPS_OK;
 }
 
-#define SHAPE_CHUNK 8192 /* uint64s */
-
-/* A copy of shape[0 .. ndim) in ck's shape chunks, which never move, zeros
- * after it to TPS_SHAPE_PAD dims; NULL out of memory. */
+/* A copy of shape[0 .. ndim) in ck->shapes, zeros after it to TPS_SHAPE_PAD
+ * dims; NULL out of memory. */
 const uint64_t *tps_ck_keep_shape(tps_ckpt *ck, const uint64_t *shape, int ndim)
 {
     int kept = ndim < TPS_SHAPE_PAD ? TPS_SHAPE_PAD : ndim;
-    if (ck->shape_left < (size_t)kept || !ck->nshape_chunks) {
-        uint64_t **nc = realloc(ck->shape_chunks, (ck->nshape_chunks + 1) * sizeof *nc);
-        if (!nc) return NULL;
-        ck->shape_chunks = nc;
-        if (!(nc[ck->nshape_chunks] = malloc(SHAPE_CHUNK * sizeof(uint64_t)))) return NULL;
-        ck->nshape_chunks++;
-        ck->shape_left = SHAPE_CHUNK;
-    }
-    uint64_t *d = ck->shape_chunks[ck->nshape_chunks - 1] + (SHAPE_CHUNK - ck->shape_left);
-    ck->shape_left -= (size_t)kept;
+    uint64_t *d = tps_u64_take(&ck->shapes, (size_t)kept);
+    if (!d) return NULL;
     memset(d, 0, sizeof(uint64_t) * (size_t)kept);
     memcpy(d, shape, sizeof(uint64_t) * (size_t)ndim);
     return d;
