@@ -184,6 +184,17 @@ int tps_sb_flush(tps_sbuf *b);
 /* A discarding out: a streamed tps_sbuf that only counts (total). */
 int tps_sb_discard(void *u, const char *p, size_t n);
 void tps_json_quote(const char *s, void (*put)(void *user, const char *p, size_t n), void *user);
+/* A streamed tps_sbuf's out writing to fd from off on (path names it in
+ * errors, rc keeps the first), the CRC32 of what it wrote in crc. */
+typedef struct {
+    tps_ctx *ctx;
+    int fd;
+    const char *path;
+    uint64_t off;
+    uint32_t crc;
+    tps_err rc;
+} tps_fd_out;
+int tps_fd_out_write(void *u, const char *p, size_t n);
 /* path written as tps_write_file_atomic writes it (a temporary name, fsync,
  * rename; nothing left under either name on failure), its text put by fill
  * into a streamed tps_sbuf: never held whole. */

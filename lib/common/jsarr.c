@@ -12,6 +12,10 @@
 
 size_t tps_max_manifest_entries = TPS_MAX_MANIFEST_ENTRIES;
 
+/* Elements between two tps_heap_release calls: a release walks the whole heap
+ * (tens of ms at 100 MB), so a few a pass, not one a thousand elements. */
+#define JS_RELEASE_EVERY 32768
+
 static const char *js_ws(const char *p, const char *e)
 {
     while (p < e && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r')) p++;
@@ -119,7 +123,10 @@ tps_err tps_js_iter_next(tps_ctx *ctx, const char *mpath, tps_js_iter *it, const
         return TPS_OK;
     }
     TPS_TRY(js_next(ctx, mpath, it->what, &it->p, it->e, it->i, &it->el));
-    it->i++;
+    /* Each element's tree is freed between what the reader keeps of it: the
+     * holes go back now and then, not at the end of the read (30 MB of a
+     * DTensor manifest's at DeepSeek-V3's size). */
+    if (++it->i % JS_RELEASE_EVERY == 0) tps_heap_release();
     *out = it->el;
     return TPS_OK;
 }

@@ -104,7 +104,7 @@ static const uint64_t *shape_keep(jp *p, tps_st *st, const uint64_t *shape, int 
     if (p->cap_set) {
         for (size_t k = h & (p->cap_set - 1);; k = (k + 1) & (p->cap_set - 1)) {
             const shape_ent *e = &p->set[k];
-            if (!e->sh && e->nd < 0) break;
+            if (e->nd < 0) break; /* empty */
             if (e->nd == nd && !memcmp(e->sh, shape, sizeof(uint64_t) * (size_t)nd)) return e->sh;
         }
     }

@@ -418,20 +418,14 @@ tps_err tps_fsync_dir(tps_ctx *ctx, const char *dir)
     return TPS_OK;
 }
 
-struct fd_out {
-    tps_ctx *ctx;
-    int fd;
-    const char *path;
-    uint64_t off;
-    tps_err rc;
-};
-
-static int fd_out_write(void *u, const char *p, size_t n)
+int tps_fd_out_write(void *u, const char *p, size_t n)
 {
-    struct fd_out *o = u;
+    tps_fd_out *o = u;
     o->rc = tps_pwrite_full(o->ctx, o->fd, o->path, p, n, o->off);
+    if (o->rc) return 1;
+    o->crc = tps_crc32(o->crc, p, n);
     o->off += n;
-    return o->rc != TPS_OK;
+    return 0;
 }
 
 tps_err tps_write_stream_atomic(tps_ctx *ctx, const char *path,
@@ -445,8 +439,8 @@ tps_err tps_write_stream_atomic(tps_ctx *ctx, const char *path,
         rc = tps_fail(ctx, TPS_E_IO, "%s: cannot create: %s", tmp, strerror(errno));
         goto out;
     }
-    struct fd_out o = {.ctx = ctx, .fd = fd, .path = path};
-    tps_sbuf b = {.out = fd_out_write, .out_u = &o};
+    tps_fd_out o = {.ctx = ctx, .fd = fd, .path = path};
+    tps_sbuf b = {.out = tps_fd_out_write, .out_u = &o};
     rc = fill(u, &b);
     if (!rc) tps_sb_flush(&b);
     if (!rc && b.oom) rc = tps_fail(ctx, TPS_E_NOMEM, "%s: out of memory", path);

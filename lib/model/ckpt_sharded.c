@@ -755,14 +755,11 @@ static tps_err read_tensors(tps_ctx *ctx, tps_ckpt *ck, shard_rd *S)
     TPS_CHECK(tps_ck_grow_tensors(ctx, ck, nt));
     tps_piece *pool = tps_ck_new_pool(ctx, ck, nent ? nent : 1);
     TPS_FAIL_IF(!pool, ctx, TPS_E_NOMEM, "out of memory");
-    size_t used = 0, done = 0;
+    size_t used = 0;
     for (const cJSON *e;;) {
         TPS_CHECK(tps_js_iter_next(ctx, mpath, &S->it, &e));
         if (!e) break;
         TPS_CHECK(read_tensor(ctx, ck, S, e, pool, &used));
-        /* Each entry's tree is freed between the strings and shapes kept from
-         * it: the holes it leaves go back now and then, not at the end. */
-        if (++done % 8192 == 0) tps_heap_release();
     }
 out:
     return rc;

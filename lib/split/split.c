@@ -1750,25 +1750,6 @@ static void placements_put(void *u, tps_sbuf *b)
     tps_sb_puts(b, "}");
 }
 
-/* A rank file's header streamed into it from offset 0, its CRC as it goes. */
-struct hdr_out {
-    engine *E;
-    ofile *f;
-    uint64_t off;
-    uint32_t crc;
-    tps_err rc;
-};
-
-static int hdr_write(void *u, const char *p, size_t n)
-{
-    struct hdr_out *h = u;
-    h->rc = tps_pwrite_full(h->E->ctx, h->f->fd, h->f->final, p, n, h->off);
-    if (h->rc) return 1;
-    h->crc = tps_crc32(h->crc, p, n);
-    h->off += n;
-    return 0;
-}
-
 /* File fi's header: its tensors (its rank's, in name order, assigned to it),
  * the metadata, and, from its length, their offsets (slots) and the file's
  * size. Not kept (22 MB for a DTensor rank file at DeepSeek-V3's size):
@@ -1783,8 +1764,9 @@ static tps_err file_header(engine *E, size_t fi, int write)
     size_t k0 = L->rank_rt[r], n = L->rank_rt[r + 1] - k0, m = 0, len = 0;
     tps_st_entry *pe = tps_xcalloc(n ? n : 1, sizeof *pe);
     size_t *map = tps_xcalloc(n ? n : 1, sizeof *map);
-    struct hdr_out h = {.E = E, .f = f};
-    tps_sbuf b = {.out = write ? hdr_write : tps_sb_discard, .out_u = &h};
+    /* streamed into the file from offset 0, its CRC as it goes */
+    tps_fd_out h = {.ctx = ctx, .fd = f->fd, .path = f->final};
+    tps_sbuf b = {.out = write ? tps_fd_out_write : tps_sb_discard, .out_u = &h};
     uint64_t N = write ? f->hdr_len - 8 : 0;
     tps_err rc = TPS_OK;
     TPS_FAIL_IF(!pe || !map, ctx, TPS_E_NOMEM, "out of memory");
