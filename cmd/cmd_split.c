@@ -7,7 +7,7 @@
 
 const char usage_split[] =
     "usage: tpshard split MODEL --tp N [-o DIR] [--plan FILE | --family NAME] [--layout NAME|FILE] "
-    "[--ep] [--pad-intermediate] [--moe-backend NAME] [--pp N] [--pp-layers LIST] [--ranks LIST] [--untie] [--threads N] [--max-part-size SIZE] "
+    "[--ep] [--pad-intermediate] [--moe-backend NAME] [--pp N] [--pp-layers LIST] [--ranks LIST] [--ranks-per-pass N] [--untie] [--threads N] [--max-part-size SIZE] "
     "[--mmap | --no-mmap] [--copy] [--force] "
     "[--dry-run] [-q | -v] [--json]\n"
     "\n"
@@ -44,6 +44,11 @@ const char usage_split[] =
     "                       from RANK/WORLD_SIZE, OMPI_COMM_WORLD_RANK/_SIZE, PMI_RANK/\n"
     "                       PMI_SIZE, SLURM_PROCID/SLURM_NTASKS or SLURM_ARRAY_TASK_ID/\n"
     "                       SLURM_ARRAY_TASK_COUNT (the first set, with a count above 1)\n"
+    "  --ranks-per-pass N   write N ranks at a time, the layout compiled for those ranks\n"
+    "                       only: memory for N ranks' tables, not every rank's, for\n"
+    "                       checkpoints of many tensors (default: all ranks in one pass\n"
+    "                       up to 131072 tensor-rank pairs, fewer past that); the files\n"
+    "                       are the same; not with --ranks or --pp\n"
     "  --untie              tied checkpoint: write lm_head from the embedding and set\n"
     "                       tie_word_embeddings false in the copied config.json\n"
     "  --threads N          worker threads; default: all cores\n"
@@ -73,8 +78,9 @@ int cmd_split(int argc, char **argv)
         {"pp", required_argument, 0, 'P'},       {"pp-layers", required_argument, 0, 'Y'},
         {"quiet", no_argument, 0, 'q'},          {"verbose", no_argument, 0, 'v'},
         {"help", no_argument, 0, 'h'},           {"moe-backend", required_argument, 0, 'B'},
+        {"ranks-per-pass", required_argument, 0, 'R'},
         {0, 0, 0, 0}};
-    long tp = 0, threads = 0, pp = 0;
+    long tp = 0, threads = 0, pp = 0, per_pass = 0;
     const char *out = NULL, *plan_file = NULL, *family = NULL, *ranks = NULL, *layout = NULL;
     const char *moe_backend = NULL;
     const char *pp_layers = NULL;
@@ -111,6 +117,9 @@ int cmd_split(int argc, char **argv)
             break;
         case 'Y': pp_layers = optarg; break;
         case 'B': moe_backend = optarg; break;
+        case 'R':
+            if (cli_parse_int(usage_split, "--ranks-per-pass", optarg, 1, 65536, &per_pass)) return 2;
+            break;
         default: {
             int st = cli_common_option(c, usage_split, argv);
             if (st >= 0) return st;
@@ -118,6 +127,12 @@ int cmd_split(int argc, char **argv)
         }
     }
     if (plan_file && family) return cli_usage_error(usage_split, "split: --plan and --family conflict; give one");
+    if (per_pass && ranks)
+        return cli_usage_error(usage_split, "split: --ranks-per-pass and --ranks conflict: a --ranks "
+                                            "run writes its ranks in one pass");
+    if (per_pass && (pp > 1 || pp_layers))
+        return cli_usage_error(usage_split, "split: --ranks-per-pass is for pp 1: the pipeline's "
+                                            "stages are made from every tp rank's tensors");
     if (optind != argc - 1) return cli_usage_error(usage_split, "split: give exactly one MODEL");
     if (!tp) return cli_usage_error(usage_split, "split: --tp N is required");
     if (cli_moe_backend(usage_split, "split", moe_backend, &g_moe_backend)) return 2;
@@ -181,6 +196,7 @@ int cmd_split(int argc, char **argv)
     tps_layout *L = NULL;
     tps_layout_spec *spec = NULL;
     char *outbuf = NULL;
+    unsigned char *keep0 = NULL;
     int status = cli_open_model_and_plan(ctx, model, plan_file, family, &ck, &plan);
     if (!status) status = cli_open_layout(ctx, layout, &spec);
     if (!status) status = cli_pipeline(usage_split, "split", &pp, pp_layers, spec, &stage_layers);
@@ -189,6 +205,20 @@ int cmd_split(int argc, char **argv)
     cli_moe_backend_note(ctx, ck, layout, g_moe_backend, moe_backend != NULL);
     tps_layout_opts lo = {.ep = ep, .pp = pp ? (int)pp : 1, .layers = stage_layers, .pad = pad,
                           .moe_backend = g_moe_backend};
+    /* Many tensors: the split goes in passes of fewer ranks, each compiled
+     * for its ranks only (the first pass's layout made here answers for the
+     * whole layout: its checks, refusals and rank sizes are every rank's). */
+    int rpp = dry || mask ? (int)nw : tps_split_ranks_per_pass(ck, (int)nw, lo.pp, (int)per_pass);
+    if (rpp < nw) {
+        keep0 = calloc((size_t)nw, 1);
+        if (!keep0) {
+            status = cli_lib_error(ctx, TPS_E_NOMEM);
+            goto done;
+        }
+        memset(keep0, 1, (size_t)rpp);
+        lo.keep = keep0;
+        tps_ckpt_release_headers(ck); /* only the manifest needs them: it reads them again */
+    }
     tps_err e = tps_layout_new_opts(ctx, ck, plan, spec, (int)tp, &lo, &L);
     if (e) {
         status = cli_lib_error(ctx, e);
@@ -210,7 +240,9 @@ int cmd_split(int argc, char **argv)
     tps_split_opts so = {.tp = (int)tp, .ranks = mask, .max_part_size = max_part, .force = force, .out_dir = out,
                           .map_source = map, .plain_copy = plain};
     tps_split_result res;
-    e = tps_split(ctx, ck, L, &so, &res);
+    lo.keep = NULL;
+    e = keep0 ? tps_split_passes(ctx, ck, plan, spec, (int)tp, &lo, rpp, L, &so, &res)
+              : tps_split(ctx, ck, L, &so, &res);
     cli_progress_done();
     if (e) {
         status = cli_lib_error(ctx, e);
@@ -242,6 +274,7 @@ done:
     free(mask);
     free(outbuf);
     tps_layout_free(L);
+    free(keep0);
     tps_layout_spec_free(spec);
     tps_plan_free(plan);
     tps_ckpt_free(ck);

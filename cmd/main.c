@@ -4,6 +4,9 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #include "cli.h"
 
@@ -52,6 +55,14 @@ static int version(void)
 
 int main(int argc, char **argv)
 {
+#ifdef __GLIBC__
+    /* Allocations of 1 MiB and more get pages of their own, given back when
+     * freed. glibc's default raises that threshold to the largest block freed
+     * so far (up to 32 MiB), after which the tables a split, check or verify
+     * grows and frees stay resident in the heap between the ones still used:
+     * 97 -> 80 MiB for a DeepSeek-V3-sized split in passes. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+#endif
     if (argc < 2) {
         usage(stderr);
         return 2;

@@ -545,6 +545,7 @@ typedef struct {
     int fd;
     uint64_t size;
     int64_t mtime_s, mtime_ns; /* at open: tps_ckpt_recheck compares */
+    uint32_t raw_crc; /* of st->raw while tps_ckpt_release_headers has let it go */
     tps_st *st;
     int rank;    /* sharded dirs */
     uint32_t *byname; /* sharded dirs: st's tensors (indexes into st->t) sorted by name */
@@ -615,6 +616,9 @@ const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name);
  * each piece against its file's header again. A DTensor split's rank files
  * list every tensor again: 26 MB at DeepSeek-V3's size (92k tensors, tp 8). */
 void tps_ckpt_drop_file_tables(tps_ckpt *ck);
+/* File i's header text read again after tps_ckpt_release_headers let it go
+ * (*out malloc'd), refused when its bytes changed since the open. */
+tps_err tps_ckpt_file_header(tps_ctx *ctx, const tps_ckpt *ck, size_t i, char **out);
 
 /* Is name a source tensor the split's layout left out (the manifest's dropped[])? */
 int tps_ckpt_dropped(const tps_ckpt *ck, const char *name);
@@ -1353,6 +1357,10 @@ struct tps_layout {
                            * load_weights skips it), or NULL: kept. NULL when none is. */
     tps_layer_view *layers; /* strings borrowed from the config and static text */
     size_t nlayers;
+    /* compiled for some ranks only (tps_layout_opts.keep, borrowed for the
+     * compile): keep[r] says which; rank_bytes[r], every rank's bytes */
+    const unsigned char *keep;
+    uint64_t *rank_bytes;
 };
 
 /* Is layout piece p transposed (tps_xform.tr)? */
@@ -1386,6 +1394,10 @@ tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan 
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);
 int tps_style_lookup(const char *name, tps_style *out); /* 0 ok, -1 unknown */
 
+/* L's rank tensors, pieces and regions let go (every rank then holds none):
+ * what stays is what the whole layout says (plan, spec, checks, dropped
+ * tensors, padding, and a layout of some ranks' rank_bytes). */
+void tps_layout_drop_tables(tps_layout *L);
 /* Fills rt/pieces/regions for L's layout (the plan's placements, or the
  * spec). Refusals (head counts, divisibility, missing fused parts) set
  * L->rejected and return TPS_OK; malformed input returns an error. */

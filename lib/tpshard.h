@@ -312,6 +312,11 @@ typedef struct {
     const int *layers;            /* pp layer counts, or NULL: the engine's partition */
     int pad;                      /* --pad-intermediate */
     const tps_moe_backend *moe_backend;
+    /* [tp]: the ranks whose tensors the compile keeps, or NULL: all. A layout
+     * compiled so (split's passes, tps_split_passes) is for tps_split with
+     * those ranks only; its checks and refusals are the whole layout's, and
+     * tps_layout_rank_bytes still counts every rank. pp 1 only. */
+    const unsigned char *keep;
 } tps_layout_opts;
 tps_err tps_layout_new_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                             const tps_layout_spec *spec, int tp, const tps_layout_opts *o,
@@ -497,6 +502,30 @@ void tps_task_ranks(int index, int count, int tp, int *first, int *nranks);
  * the writer's pid. */
 tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
                   tps_split_result *res);
+
+/* The source files' header texts let go: split's manifest, which alone
+ * needs them (merge gives each file back byte for byte from it), reads them
+ * from the files again, one at a time, and refuses one that changed. 11.5 MB
+ * for DeepSeek-V3's 92k tensors. Safetensors sources; nothing for a split
+ * directory as the source. */
+void tps_ckpt_release_headers(tps_ckpt *ck);
+
+/* tps_split of the layout tps_layout_new_opts(ctx, ck, plan, spec, tp, lo)
+ * would make, in passes of ranks_per_pass ranks (0: as
+ * tps_split_ranks_per_pass chooses): each pass compiles the layout for its
+ * ranks only (tps_layout_opts.keep) and writes their rank files, so a split
+ * holds one pass's share of the layout, not every rank's. The rank files
+ * and the manifest are tps_split's, byte for byte. first: the first pass's
+ * layout, already compiled with its ranks' keep mask (the caller frees it),
+ * or NULL. Not for --ranks runs (o->ranks) or pipelines. It lets go of the
+ * source's header texts (tps_ckpt_release_headers). */
+tps_err tps_split_passes(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan,
+                         const tps_layout_spec *spec, int tp, const tps_layout_opts *lo,
+                         int ranks_per_pass, tps_layout *first, const tps_split_opts *o,
+                         tps_split_result *res);
+/* The ranks a pass of tps_split_passes writes: asked (> 0), or for the
+ * checkpoint's tensor count; every rank (one pass) for a pipeline. */
+int tps_split_ranks_per_pass(const tps_ckpt *ck, int nranks, int pp, int asked);
 
 /* What a split of L into a directory whose file system shares blocks with
  * the source (XFS with reflink, btrfs), block bytes to a block, would share

@@ -254,11 +254,30 @@ void tps_layout_free(tps_layout *L)
     free(L->dropped);
     free(L->stage_first);
     free(L->stage_layers);
+    free(L->rank_bytes);
     for (size_t i = 0; i < L->nnames; i++) free(L->names[i]);
     free(L->names);
     tps_u64_chunks_free(&L->shapes);
     tps_quant_free(L->q);
     free(L);
+}
+
+void tps_layout_drop_tables(tps_layout *L)
+{
+    free(L->rt);
+    free(L->pieces);
+    free(L->regions);
+    free(L->xforms);
+    free(L->src_pieces);
+    L->rt = NULL;
+    L->pieces = NULL;
+    L->regions = NULL;
+    L->xforms = NULL;
+    L->src_pieces = NULL;
+    L->nrt = L->npieces = L->cap_pieces = L->nregions = L->cap_regions = L->nxforms = 0;
+    if (L->rank_rt) memset(L->rank_rt, 0, ((size_t)L->nranks + 1) * sizeof *L->rank_rt);
+    if (L->src_piece0) memset(L->src_piece0, 0, (L->ck->n + 1) * sizeof *L->src_piece0);
+    tps_u64_chunks_free(&L->shapes);
 }
 
 /* ------------------------------------------------------------------ layout files */
@@ -434,6 +453,7 @@ tps_err tps_layout_new_opts(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *pl
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->pad_mode = pad;
     L->moe = moe_of(o);
+    L->keep = o ? o->keep : NULL;
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     /* Named after the file: a malformed per_layer_config is the config's fault. */
     char *cfg_label = tps_asprintf("%s/config.json", ck->dir ? ck->dir : ".");
@@ -633,6 +653,7 @@ uint64_t tps_layout_local_bytes(const tps_layout *L, size_t i, int rank)
 uint64_t tps_layout_rank_bytes(const tps_layout *L, int rank)
 {
     uint64_t s = 0;
+    if (L->rank_bytes && L->rank_rt) return rank >= 0 && rank < L->nranks ? L->rank_bytes[rank] : 0;
     if (!L->rank_rt && !L->spec) {
         /* a rejected DTensor plan is not laid out: its shards, as placed */
         for (size_t i = 0; i < L->n; i++) {

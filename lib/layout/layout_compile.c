@@ -18,22 +18,36 @@ tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
                       const uint64_t *shape, const char *rule, tps_rtensor **out)
 {
     tps_layout *L = C->L;
-    if (L->nrt == C->cap_rt) {
-        size_t cap = C->cap_rt ? C->cap_rt * 2 : 256;
-        tps_rtensor *n = realloc(L->rt, cap * sizeof *n);
-        if (!n) return nomem(C);
-        L->rt = n;
-        C->cap_rt = cap;
+    if (ndim < 0 || ndim > TPS_MAX_DIMS)
+        return tps_fail(C->ctx, TPS_E_SHAPE, "%s: rank %d's tensor '%s' has %d dims", C->ck->path,
+                        rank, name, ndim);
+    int kept = !L->keep || (rank >= 0 && rank < L->nranks && L->keep[rank]);
+    uint64_t *sh;
+    tps_rtensor *r;
+    if (kept) {
+        if (L->nrt == C->cap_rt) {
+            size_t cap = C->cap_rt ? C->cap_rt * 2 : 256;
+            tps_rtensor *n = realloc(L->rt, cap * sizeof *n);
+            if (!n) return nomem(C);
+            L->rt = n;
+            C->cap_rt = cap;
+        }
+        /* Shapes live in chunks that never move: a rank tensor is 48 bytes,
+         * not the 176 a TPS_MAX_DIMS array would make it (736k of them for a
+         * DTensor split at DeepSeek-V3's size). */
+        sh = tps_u64_take(&L->shapes, (size_t)ndim);
+        if (!sh) return nomem(C);
+        r = &L->rt[L->nrt];
+    } else {
+        /* another rank's: made and checked as ours are, then forgotten */
+        unsigned k = C->nscratch++ % 4;
+        sh = C->scratch_shape[k];
+        r = &C->scratch[k];
     }
-    /* Shapes live in chunks that never move: a rank tensor is 48 bytes, not
-     * the 176 a TPS_MAX_DIMS array would make it (736k of them for a DTensor
-     * split at DeepSeek-V3's size). */
-    uint64_t *sh = tps_u64_take(&L->shapes, (size_t)ndim);
-    if (!sh) return nomem(C);
     memcpy(sh, shape, sizeof(uint64_t) * (size_t)ndim);
     if (L->npieces > UINT32_MAX - 1)
         return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 rank tensor pieces", C->ck->path);
-    tps_rtensor *r = &L->rt[L->nrt++];
+    if (kept) L->nrt++;
     memset(r, 0, sizeof *r);
     r->name = name;
     r->rank = rank;
@@ -45,6 +59,7 @@ tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
     if (ovf || mis)
         return tps_fail(C->ctx, TPS_E_SHAPE, "%s: rank %d's tensor '%s' has no whole byte size",
                         C->ck->path, rank, name);
+    if (L->rank_bytes && rank >= 0 && rank < L->nranks) L->rank_bytes[rank] += r->nbytes;
     r->piece0 = L->npieces;
     r->rule = rule;
     *out = r;
@@ -54,7 +69,7 @@ tps_err tps_lc_new_rt(cstate *C, const char *name, int rank, tps_dtype dt, int n
 tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p)
 {
     tps_layout *L = C->L;
-    if (L->npieces == L->cap_pieces) {
+    if (!tps_lc_scratch(C, r) && L->npieces == L->cap_pieces) {
         size_t cap = L->cap_pieces ? L->cap_pieces * 2 : 256;
         tps_lpiece *n = realloc(L->pieces, cap * sizeof *n);
         if (!n) return nomem(C);
@@ -64,20 +79,64 @@ tps_err tps_lc_add_piece(cstate *C, tps_rtensor *r, tps_lpiece p)
     if (L->npieces >= UINT32_MAX || r->rank < 0 || r->rank > UINT16_MAX)
         return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 rank tensor pieces, or a rank past "
                         "65535", C->ck->path);
+    if (tps_lc_scratch(C, r)) {
+        r->npieces++;
+        return TPS_OK;
+    }
     p.rank = (uint16_t)r->rank;
     L->pieces[L->npieces++] = p;
     r->npieces++;
     return TPS_OK;
 }
 
-/* The region (src, dim, [lo, hi)), made on first use; *fresh says so. */
-static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t hi, size_t *out,
-                         int *fresh)
+/* Another rank's region in a compile for some ranks: what a later piece of
+ * the same rows needs to know (16 bytes, not a region's 32 and its piece's
+ * 40). In the per-tensor chains (C->last, C->next) a ghost is GHOST | its
+ * index; its own link is 32-bit (GH_END, or GH_BIT | a ghost, or a region). */
+struct tps_ghost {
+    uint32_t lo, hi;
+    int16_t dim;
+    uint8_t primary; /* its piece is no replica */
+    uint8_t tr;      /* its piece is transposed */
+    uint32_t next;
+};
+#define GHOST ((size_t)1 << (sizeof(size_t) * 8 - 1))
+#define GH_BIT 0x80000000u
+#define GH_END 0xffffffffu
+
+static size_t gh_next(const cstate *C, size_t k)
+{
+    if (!(k & GHOST)) return C->next[k];
+    uint32_t n = C->gh[k & ~GHOST].next;
+    return n == GH_END ? SIZE_MAX : n & GH_BIT ? GHOST | (n & ~GH_BIT) : n;
+}
+
+/* The region (src, dim, [lo, hi)), made on first use; *fresh says so: 1 a
+ * new region, 2 a new region of this compile whose rows another rank's
+ * piece (a ghost) holds first (ours are replicas). A piece of a rank the
+ * compile does not keep (ghost set) finds a region or a ghost, or makes a
+ * ghost: *out is then GHOST | its index. */
+static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t hi, int ghost,
+                         size_t *out, int *fresh)
 {
     tps_layout *L = C->L;
+    int behind = 0; /* a ghost holds these rows */
     /* The tensor's regions so far, newest first (a chain through `next`).
      * Empty ones are never shared: an empty shard is nobody's replica. */
-    for (size_t k = hi > lo || dim < 0 ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = C->next[k]) {
+    for (size_t k = hi > lo || dim < 0 ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = gh_next(C, k)) {
+        if (k & GHOST) {
+            const struct tps_ghost *h = &C->gh[k & ~GHOST];
+            if (h->dim == dim && h->lo == lo && h->hi == hi) {
+                if (ghost) {
+                    *out = k;
+                    *fresh = 0;
+                    return TPS_OK;
+                }
+                behind = 1;
+                break;
+            }
+            continue;
+        }
         const tps_region *g = &L->regions[k];
         if (g->dim == dim && g->lo == lo && g->hi == hi) {
             *out = k;
@@ -92,8 +151,41 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
                         "and tpshard splits dims of under 2^32 elements",
                         C->ck->path, C->ck->t[src].name, dim,
                         (unsigned long long)C->ck->t[src].shape[dim]);
-    if (src > UINT32_MAX || L->nregions >= UINT32_MAX || L->npieces >= UINT32_MAX)
+    if (src > UINT32_MAX || L->nregions >= UINT32_MAX || L->npieces >= UINT32_MAX ||
+        (L->keep && (L->nregions >= GH_BIT - 1 || C->ngh >= GH_BIT - 1)))
         return tps_fail(C->ctx, TPS_E_NOMEM, "%s: over 2^32 tensor-rank pieces", C->ck->path);
+    tps_region tmp = {.src = (uint32_t)src, .dim = dim, .lo = (uint32_t)lo, .hi = (uint32_t)hi};
+    const tps_ctensor *t = &C->ck->t[src];
+    if (dim >= 0) {
+        uint64_t ib = tps_lc_inner_bits(t, dim);
+        if ((lo * ib) % 8 || (hi * ib) % 8)
+            return tps_fail(C->ctx, TPS_E_SHAPE,
+                            "%s: tensor '%s' (%s) cannot be split at tp %d: a shard along dim %d "
+                            "does not start and end on a byte boundary",
+                            C->ck->path, t->name, tps_dtype_name(t->dtype), C->tp, dim);
+    }
+    uint64_t outer, row, s, l;
+    tps_region_geom(C->ck, &tmp, &outer, &row, &s, &l);
+    tmp.nbytes = outer * l;
+    size_t prev = C->last[src];
+    if (ghost) {
+        if (C->ngh == C->cap_gh) {
+            size_t cap = C->cap_gh ? C->cap_gh * 2 : 256;
+            struct tps_ghost *n = realloc(C->gh, cap * sizeof *n);
+            if (!n) return nomem(C);
+            C->gh = n;
+            C->cap_gh = cap;
+        }
+        struct tps_ghost *h = &C->gh[C->ngh];
+        *h = (struct tps_ghost){.lo = (uint32_t)lo, .hi = (uint32_t)hi, .dim = (int16_t)dim,
+                                .primary = 1};
+        h->next = prev == SIZE_MAX ? GH_END : prev & GHOST ? GH_BIT | (uint32_t)(prev & ~GHOST)
+                                                          : (uint32_t)prev;
+        C->last[src] = GHOST | C->ngh;
+        *out = GHOST | C->ngh++;
+        *fresh = 1;
+        return TPS_OK;
+    }
     if (L->nregions == L->cap_regions) {
         size_t cap = L->cap_regions ? L->cap_regions * 2 : 256;
         tps_region *n = realloc(L->regions, cap * sizeof *n);
@@ -106,24 +198,11 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
         L->regions = n;
         L->cap_regions = cap;
     }
-    C->next[L->nregions] = C->last[src];
+    C->next[L->nregions] = prev;
     C->last[src] = L->nregions;
-    tps_region *g = &L->regions[L->nregions];
-    *g = (tps_region){.src = (uint32_t)src, .dim = dim, .lo = (uint32_t)lo, .hi = (uint32_t)hi};
-    uint64_t outer, row, s, l;
-    tps_region_geom(C->ck, g, &outer, &row, &s, &l);
-    const tps_ctensor *t = &C->ck->t[src];
-    if (dim >= 0) {
-        uint64_t ib = tps_lc_inner_bits(t, dim);
-        if ((lo * ib) % 8 || (hi * ib) % 8)
-            return tps_fail(C->ctx, TPS_E_SHAPE,
-                            "%s: tensor '%s' (%s) cannot be split at tp %d: a shard along dim %d "
-                            "does not start and end on a byte boundary",
-                            C->ck->path, t->name, tps_dtype_name(t->dtype), C->tp, dim);
-    }
-    g->nbytes = outer * l;
+    L->regions[L->nregions] = tmp;
     *out = L->nregions++;
-    *fresh = 1;
+    *fresh = behind ? 2 : 1;
     return TPS_OK;
 }
 
@@ -149,12 +228,18 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
                              uint64_t run, int sdim)
 {
     tps_layout *L = C->L;
+    int ghost = tps_lc_scratch(C, r);
     /* Refined pieces of one scale overlap (ranks share a block row): each
      * that reaches past the rows placed so far is a primary (readers take a
      * shared row from the first, check makes sure the others agree), the
      * others are replicas. */
     uint64_t covered = 0;
-    for (size_t k = x ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = C->next[k]) {
+    for (size_t k = x ? C->last[src] : SIZE_MAX; k != SIZE_MAX; k = gh_next(C, k)) {
+        if (k & GHOST) {
+            const struct tps_ghost *h = &C->gh[k & ~GHOST];
+            if (h->dim == dim && h->primary && h->hi > covered) covered = h->hi;
+            continue;
+        }
         const tps_region *rg = &L->regions[k];
         if (rg->dim == dim && !L->pieces[rg->primary].replica && rg->hi > covered)
             covered = rg->hi;
@@ -165,20 +250,46 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
                         (unsigned long long)lo);
     size_t g = 0;
     int fresh = 0;
-    TPS_TRY(region_of(C, src, dim, lo, hi, &g, &fresh));
-    if (fresh) L->regions[g].primary = L->npieces;
-    else if (tps_lpiece_tr(L, &L->pieces[L->regions[g].primary]))
+    TPS_TRY(region_of(C, src, dim, lo, hi, ghost, &g, &fresh));
+    /* the rows' first piece is transposed: no other piece may share them */
+    int tr_first = 0;
+    if (!fresh && (g & GHOST)) tr_first = C->gh[g & ~GHOST].tr;
+    else if (!fresh) tr_first = tps_lpiece_tr(L, &L->pieces[L->regions[g].primary]);
+    else if (fresh == 2) {
+        for (size_t k = gh_next(C, g); k != SIZE_MAX; k = gh_next(C, k)) {
+            if (!(k & GHOST)) continue;
+            const struct tps_ghost *h = &C->gh[k & ~GHOST];
+            if (h->dim == dim && h->lo == lo && h->hi == hi) {
+                tr_first = h->tr;
+                break;
+            }
+        }
+    }
+    if (tr_first)
         return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': rows [%llu, %llu) are a transposed "
                         "piece on one rank and would be another piece on rank %d",
                         C->ck->t[src].name, (unsigned long long)lo, (unsigned long long)hi,
                         r->rank);
     C->used[src] = 1;
+    if (C->placed) C->placed[src] = 1;
+    int replica = fresh != 1 || (x && hi <= covered);
+    C->last_replica = replica;
+    C->last_ghost = ghost && fresh ? g & ~GHOST : SIZE_MAX;
+    if (ghost && fresh) C->gh[g & ~GHOST].primary = !replica;
     uint32_t xf = 0;
     if (x) {
-        if (!(xf = xform_index(L, x))) return nomem(C);
+        if (!ghost && !(xf = xform_index(L, x))) return nomem(C);
     } else {
         tps_dtype sd = C->ck->t[src].dtype;
-        nbytes = L->regions[g].nbytes;
+        if (g & GHOST) {
+            tps_region tmp = {.src = (uint32_t)src, .dim = dim, .lo = (uint32_t)lo,
+                              .hi = (uint32_t)hi};
+            uint64_t outer, row, s, l;
+            tps_region_geom(C->ck, &tmp, &outer, &row, &s, &l);
+            nbytes = outer * l;
+        } else {
+            nbytes = L->regions[g].nbytes;
+        }
         if (r->dtype != sd) nbytes = nbytes / (tps_dtype_bits(sd) / 8) * (tps_dtype_bits(r->dtype) / 8);
     }
     if (run && (run > UINT32_MAX || nbytes % run || r->dtype != C->ck->t[src].dtype))
@@ -186,11 +297,11 @@ static tps_err add_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uin
                         "%s: rank %d's tensor '%s': a strided piece of '%s' must be whole runs "
                         "of under 4 GiB, in its own dtype",
                         C->ck->path, r->rank, r->name, C->ck->t[src].name);
+    if (!ghost && fresh) L->regions[g].primary = L->npieces;
     return tps_lc_add_piece(C, r,
-                            (tps_lpiece){.kind = TPS_PK_SRC, .region = g, .at = at,
-                                         .nbytes = nbytes,
-                                         .replica = !fresh || (x && hi <= covered), .xf = xf,
-                                         .run = (uint32_t)run, .sdim = (uint8_t)sdim});
+                            (tps_lpiece){.kind = TPS_PK_SRC, .region = ghost ? 0 : (uint32_t)g,
+                                         .at = at, .nbytes = nbytes, .replica = replica,
+                                         .xf = xf, .run = (uint32_t)run, .sdim = (uint8_t)sdim});
 }
 
 tps_err tps_lc_src_piece(cstate *C, tps_rtensor *r, size_t src, int dim, uint64_t lo, uint64_t hi,
@@ -216,10 +327,13 @@ tps_err tps_lc_src_piece_tr(cstate *C, tps_rtensor *r, size_t src, int dim, uint
                         "tensor of 2 or more dims, in its own dtype",
                         C->ck->path, r->rank, r->name, t->name);
     TPS_TRY(add_src_piece(C, r, src, dim, lo, hi, at, NULL, 0, 0, 0));
-    tps_lpiece *p = &L->pieces[L->npieces - 1];
-    if (p->replica)
+    if (C->last_replica)
         return tps_fail(C->ctx, TPS_E_ARG, "tensor '%s': a transposed piece cannot be a replica",
                         t->name);
+    if (tps_lc_scratch(C, r)) { /* another rank's: its ghost says so */
+        if (C->last_ghost != SIZE_MAX) C->gh[C->last_ghost].tr = 1;
+        return TPS_OK;
+    }
     const tps_xform x = {.tr = 1};
     uint32_t xf = xform_index(L, &x);
     if (!xf) return nomem(C);
@@ -717,10 +831,19 @@ tps_err tps_layout_compile(tps_ctx *ctx, tps_layout *L)
     tps_err rc = TPS_OK;
     C.used = tps_xcalloc(ck->n ? ck->n : 1, 1);
     C.last = tps_xmalloc((ck->n ? ck->n : 1) * sizeof *C.last);
-    if (!C.used || !C.last) {
+    if (L->keep) C.placed = tps_xcalloc(ck->n ? ck->n : 1, 1);
+    if (L->keep && !L->rank_bytes) L->rank_bytes = tps_xcalloc((size_t)L->nranks, sizeof *L->rank_bytes);
+    if (!C.used || !C.last || (L->keep && (!C.placed || !L->rank_bytes))) {
         free(C.used);
         free(C.last);
+        free(C.placed);
         return nomem(&C);
+    }
+    if (L->keep && L->pp > 1) {
+        free(C.used);
+        free(C.last);
+        free(C.placed);
+        return tps_fail(ctx, TPS_E_ARG, "a layout of some ranks only is for pp 1");
     }
     for (size_t i = 0; i < ck->n; i++) C.last[i] = SIZE_MAX;
     if (L->rejected) goto out; /* the plan said no: nothing to lay out */
@@ -775,9 +898,12 @@ out:
         L->rejected = tps_strdup(C.why);
         if (!L->rejected) rc = nomem(&C);
     }
+    free(C.gh); /* the other ranks' regions: only the compile needed them */
+    C.gh = NULL;
     if (!rc && !L->rejected) rc = tps_lc_finish(&C);
     free(C.used);
     free(C.last);
     free(C.next);
+    free(C.placed);
     return rc;
 }

@@ -155,7 +155,8 @@ tps_err tps_lc_finish(cstate *C)
         }
     free(fill);
     for (size_t i = 0; i < ck->n; i++)
-        if (L->src_piece0[i] == L->src_piece0[i + 1] && !(L->dropped && L->dropped[i]))
+        if (L->src_piece0[i] == L->src_piece0[i + 1] && !(L->dropped && L->dropped[i]) &&
+            !(C->placed && C->placed[i])) /* some ranks' layout: on another rank */
             return tps_fail(C->ctx, TPS_E_SHAPE,
                             "%s: layout %s places no byte of tensor '%s' (every source byte must "
                             "land in some rank file)",

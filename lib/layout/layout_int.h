@@ -45,7 +45,24 @@ typedef struct {
     char why[1024];      /* the first refusal */
     int epad_said;       /* the experts' padding is in the checks list */
     int in_experts;      /* placing experts (their padding is L->epad_*) */
+    /* A compile for some ranks (L->keep): the other ranks' tensors are made in
+     * scratch (a few at a time, never kept) and their regions are ghosts,
+     * which keep only what tells a later piece whether it is a replica. */
+    tps_rtensor scratch[4];
+    uint64_t scratch_shape[4][TPS_MAX_DIMS];
+    unsigned nscratch;
+    struct tps_ghost *gh;
+    size_t ngh, cap_gh;
+    unsigned char *placed; /* per source tensor: a piece of it on some rank */
+    size_t last_ghost;     /* the ghost the last piece made, or SIZE_MAX */
+    int last_replica;      /* the last piece added is a replica */
 } cstate;
+
+/* Is r a tensor of a rank the compile does not keep (made in C->scratch)? */
+static inline int tps_lc_scratch(const cstate *C, const tps_rtensor *r)
+{
+    return r >= C->scratch && r < C->scratch + 4;
+}
 
 /* layout.c */
 const char *tps_lc_param_of(const char *name); /* "weight" of "a.b.weight" */

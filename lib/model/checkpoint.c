@@ -124,6 +124,44 @@ void tps_ckpt_drop_file_tables(tps_ckpt *ck)
     tps_heap_release();
 }
 
+void tps_ckpt_release_headers(tps_ckpt *ck)
+{
+    if (ck->kind == TPS_SRC_SHARDED) return;
+    for (size_t i = 0; i < ck->nfiles; i++) {
+        tps_cfile *f = &ck->files[i];
+        if (!f->st || !f->st->raw) continue;
+        f->raw_crc = tps_crc32(0, f->st->raw, f->st->raw_len);
+        cJSON_DeleteItemFromObjectCaseSensitive(ck->origin_header, f->name);
+        free(f->st->raw);
+        f->st->raw = NULL;
+    }
+    tps_heap_release();
+}
+
+tps_err tps_ckpt_file_header(tps_ctx *ctx, const tps_ckpt *ck, size_t i, char **out)
+{
+    const tps_cfile *f = &ck->files[i];
+    *out = NULL;
+    size_t n = f->st ? f->st->raw_len : 0;
+    char *raw = tps_xmalloc(n + 1);
+    if (!raw) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    tps_err rc = n ? tps_pread_full(ctx, f->fd, f->path, raw, n, 8) : TPS_OK;
+    if (rc) {
+        free(raw);
+        return rc;
+    }
+    raw[n] = 0;
+    if (tps_crc32(0, raw, n) != f->raw_crc) {
+        free(raw);
+        return tps_fail(ctx, TPS_E_FORMAT,
+                        "%s: the header changed while the file was being read: written by "
+                        "another process",
+                        f->path);
+    }
+    *out = raw;
+    return TPS_OK;
+}
+
 /* n pieces from a new pool the checkpoint frees. */
 tps_piece *tps_ck_new_pool(tps_ctx *ctx, tps_ckpt *ck, size_t n)
 {

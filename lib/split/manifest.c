@@ -178,7 +178,7 @@ static void mw_head(const engine *E, FILE *f, const char *plan_source)
 }
 
 /* The source: its kind, stem, index and files (metadata, header). */
-static void mw_source(const engine *E, FILE *f)
+static void mw_source(engine *E, FILE *f)
 {
     const tps_ckpt *ck = E->ck;
     static const char *const kinds[] = {"file", "dir", "index", "sharded"};
@@ -209,6 +209,19 @@ static void mw_source(const engine *E, FILE *f)
         if (cJSON_IsString(hd)) {
             fputs(", \"header\": ", f);
             mw_str(f, hd->valuestring);
+        }
+        for (size_t k = 0; !hd && ck->kind != TPS_SRC_SHARDED && k < ck->nfiles; k++) {
+            /* let go (tps_ckpt_release_headers): read again from the file */
+            if (strcmp(ck->files[k].name, ck->origins[i]) || ck->files[k].st->raw) continue;
+            char *raw = NULL;
+            tps_err rc = tps_ckpt_file_header(E->ctx, ck, k, &raw);
+            if (rc && !E->mw_rc) E->mw_rc = rc;
+            if (raw) {
+                fputs(", \"header\": ", f);
+                mw_str(f, raw);
+            }
+            free(raw);
+            break;
         }
         fputc('}', f);
     }
@@ -366,11 +379,68 @@ static void mw_tensor_rank(const engine *E, FILE *f, const tps_ctensor *t, size_
     fputc('}', f);
 }
 
+/* Tensor ti's entry up to its ranks[] (d: its placement's dim). */
+static void mw_tensor_head(const engine *E, FILE *f, size_t ti, int d, int first)
+{
+    const tps_ctensor *t = &E->ck->t[ti];
+    const tps_layout *L = E->L;
+    fputs(first ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
+    mw_str(f, t->name);
+    fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
+    mw_shape(f, t->shape, t->ndim);
+    fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(L->p[ti].style));
+    if (d >= 0) fprintf(f, "\"Shard(%d)\"", d);
+    else fputs("\"Replicate\"", f);
+    fprintf(f, ", \"dim\": %d", d);
+    if (L->p[ti].rule) {
+        fputs(", \"rule\": ", f);
+        mw_str(f, L->p[ti].rule);
+    }
+    fputs(", \"source_file\": ", f);
+    mw_str(f, t->origin);
+    if (t->derived_from) {
+        fputs(", \"derived_from\": ", f);
+        mw_str(f, t->derived_from);
+    }
+    fputs(", \"ranks\": [", f);
+}
+
+/* The passes' lines, one from each in turn (tps_sp_fragment wrote them):
+ * sep between those that are not empty; 0, or -1 when one ended early. */
+static int mw_pass_lines(tps_sp_frags *fr, FILE *f, const char *sep, const char *sep0,
+                         int *first)
+{
+    for (int g = 0; g < fr->n; g++) {
+        ssize_t n = getline(&fr->line, &fr->cap, fr->tens[g]);
+        if (n <= 0 || fr->line[n - 1] != '\n') return -1;
+        if (n == 1) continue;
+        fputs(*first ? sep0 : sep, f);
+        fwrite(fr->line, 1, (size_t)n - 1, f);
+        *first = 0;
+    }
+    return 0;
+}
+
 static void mw_tensors(const engine *E, FILE *f, const unsigned char *theirs)
 {
     const tps_ckpt *ck = E->ck;
     const tps_layout *L = E->L;
     fputs("\"tensors\": [", f);
+    if (E->frags) { /* a split in passes: each tensor's entries from every pass */
+        tps_sp_frags *fr = E->frags;
+        for (int g = 0; g < fr->n; g++) rewind(fr->tens[g]);
+        int firstt = 1;
+        for (size_t ti = 0; ti < ck->n; ti++) {
+            if (tps_layout_dropped(L, ti)) continue;
+            mw_tensor_head(E, f, ti, fr->dims[ti], firstt);
+            firstt = 0;
+            int firstp = 1;
+            if (mw_pass_lines(fr, f, ", ", "", &firstp)) fr->bad = 1;
+            fputs("]}", f);
+        }
+        fputs("\n]", f);
+        return;
+    }
     /* the earlier runs' tensors, one at a time from the text, in the same order
      * (joinable() made sure) */
     const cJSON *ptensors = cJSON_GetObjectItemCaseSensitive(E->prev, "tensors");
@@ -382,26 +452,8 @@ static void mw_tensors(const engine *E, FILE *f, const unsigned char *theirs)
         if (tps_layout_dropped(L, ti)) continue; /* listed under "dropped" below */
         size_t p0 = L->src_piece0[ti], p1 = L->src_piece0[ti + 1];
         int d = L->regions[L->pieces[L->src_pieces[p0]].region].dim;
-        fputs(firstt ? "\n  {\"name\": " : ",\n  {\"name\": ", f);
+        mw_tensor_head(E, f, ti, d, firstt);
         firstt = 0;
-        mw_str(f, t->name);
-        fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(t->dtype));
-        mw_shape(f, t->shape, t->ndim);
-        fprintf(f, ", \"style\": \"%s\", \"placement\": ", tps_style_name(L->p[ti].style));
-        if (d >= 0) fprintf(f, "\"Shard(%d)\"", d);
-        else fputs("\"Replicate\"", f);
-        fprintf(f, ", \"dim\": %d", d);
-        if (L->p[ti].rule) {
-            fputs(", \"rule\": ", f);
-            mw_str(f, L->p[ti].rule);
-        }
-        fputs(", \"source_file\": ", f);
-        mw_str(f, t->origin);
-        if (t->derived_from) {
-            fputs(", \"derived_from\": ", f);
-            mw_str(f, t->derived_from);
-        }
-        fputs(", \"ranks\": [", f);
         const cJSON *pt = NULL;
         if (ptensors && tps_js_iter_next(E->ctx, TPS_MANIFEST, &it, &pt) != TPS_OK) pt = NULL;
         const cJSON *pranks = cJSON_GetObjectItemCaseSensitive(pt, "ranks");
@@ -442,54 +494,111 @@ static const cJSON *prev_rank_tensor(const engine *E, tps_js_iter *it, const cJS
     }
 }
 
-static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *theirs)
+/* Rank tensor k of rank r: its rank_tensors entry from its "rank" on. */
+static void mw_rank_tensor(const engine *E, FILE *f, size_t k, int r, const cJSON *prev)
 {
     const tps_ckpt *ck = E->ck;
     const tps_layout *L = E->L;
-    if (L->spec) {
-        /* Rank tensors that are not one source tensor's piece under its own
-         * name: what each of their bytes is, so check can account for all. */
-        fputs(",\n\"rank_tensors\": [", f);
-        int first = 1;
-        const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
-        tps_js_iter it = {0};
-        if (prts) tps_js_iter_start(&it, &E->prev_sp[1], prts, "rank_tensors");
-        for (int r = 0; r < E->nranks; r++) {
-            for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
-                const tps_rtensor *rt = &L->rt[k];
-                if (rt->simple) continue;
-                fputs(first ? "\n  {\"rank\": " : ",\n  {\"rank\": ", f);
-                first = 0;
-                fprintf(f, "%d, \"name\": ", r);
-                mw_str(f, rt->name);
-                fputs(", \"file\": ", f);
-                mw_rank_file(E, f, k, r, prev_rank_tensor(E, &it, prts, r, rt->name, theirs[r]));
-                fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
-                mw_shape(f, rt->shape, rt->ndim);
-                fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
-                for (size_t j = 0; j < rt->npieces; j++) {
-                    const tps_lpiece *p = &L->pieces[rt->piece0 + j];
-                    fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
-                            (unsigned long long)p->at, (unsigned long long)p->nbytes);
-                    if (p->run)
-                        fprintf(f, "\"run\": %u, \"stride\": %llu, ", (unsigned)p->run,
-                                (unsigned long long)tps_piece_stride(rt, p));
-                    if (p->kind == TPS_PK_SRC) {
-                        fputs("\"source\": ", f);
-                        mw_str(f, ck->t[L->regions[p->region].src].name);
-                    } else if (p->kind == TPS_PK_ZERO) {
-                        fputs("\"zeros\": true", f);
-                    } else {
-                        fprintf(f, "\"value\": %.17g", p->value);
-                    }
-                    fputc('}', f);
-                }
-                fputs("]}", f);
-            }
+    const tps_rtensor *rt = &L->rt[k];
+    fprintf(f, "{\"rank\": %d, \"name\": ", r);
+    mw_str(f, rt->name);
+    fputs(", \"file\": ", f);
+    mw_rank_file(E, f, k, r, prev);
+    fprintf(f, ", \"dtype\": \"%s\", \"shape\": ", tps_dtype_name(rt->dtype));
+    mw_shape(f, rt->shape, rt->ndim);
+    fprintf(f, ", \"nbytes\": %llu, \"pieces\": [", (unsigned long long)rt->nbytes);
+    for (size_t j = 0; j < rt->npieces; j++) {
+        const tps_lpiece *p = &L->pieces[rt->piece0 + j];
+        fprintf(f, "%s{\"at\": %llu, \"nbytes\": %llu, ", j ? ", " : "",
+                (unsigned long long)p->at, (unsigned long long)p->nbytes);
+        if (p->run)
+            fprintf(f, "\"run\": %u, \"stride\": %llu, ", (unsigned)p->run,
+                    (unsigned long long)tps_piece_stride(rt, p));
+        if (p->kind == TPS_PK_SRC) {
+            fputs("\"source\": ", f);
+            mw_str(f, ck->t[L->regions[p->region].src].name);
+        } else if (p->kind == TPS_PK_ZERO) {
+            fputs("\"zeros\": true", f);
+        } else {
+            fprintf(f, "\"value\": %.17g", p->value);
         }
-        tps_js_iter_free(&it);
-        fputs("\n]", f);
+        fputc('}', f);
     }
+    fputs("]}", f);
+}
+
+static void mw_rank_tensors(const engine *E, FILE *f, const unsigned char *theirs)
+{
+    const tps_layout *L = E->L;
+    if (!L->spec) return;
+    /* Rank tensors that are not one source tensor's piece under its own
+     * name: what each of their bytes is, so check can account for all. */
+    fputs(",\n\"rank_tensors\": [", f);
+    int first = 1;
+    if (E->frags) { /* a split in passes: each pass's, in rank order */
+        tps_sp_frags *fr = E->frags;
+        for (int g = 0; g < fr->n; g++) {
+            rewind(fr->rts[g]);
+            ssize_t n;
+            while ((n = getline(&fr->line, &fr->cap, fr->rts[g])) > 0) {
+                if (fr->line[n - 1] != '\n') {
+                    fr->bad = 1;
+                    break;
+                }
+                fputs(first ? "\n  " : ",\n  ", f);
+                first = 0;
+                fwrite(fr->line, 1, (size_t)n - 1, f);
+            }
+            if (ferror(fr->rts[g])) fr->bad = 1;
+        }
+        fputs("\n]", f);
+        return;
+    }
+    const cJSON *prts = cJSON_GetObjectItemCaseSensitive(E->prev, "rank_tensors");
+    tps_js_iter it = {0};
+    if (prts) tps_js_iter_start(&it, &E->prev_sp[1], prts, "rank_tensors");
+    for (int r = 0; r < E->nranks; r++) {
+        for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
+            if (L->rt[k].simple) continue;
+            fputs(first ? "\n  " : ",\n  ", f);
+            first = 0;
+            mw_rank_tensor(E, f, k, r, prev_rank_tensor(E, &it, prts, r, L->rt[k].name, theirs[r]));
+        }
+    }
+    tps_js_iter_free(&it);
+    fputs("\n]", f);
+}
+
+/* One pass of a split in passes (E: its engine, its ranks' layout): pass
+ * g's line of entries for every tensor the manifest lists (empty where its
+ * ranks hold none), its ranks' rank_tensors entries, and each tensor's dim
+ * from the first pass that places it. */
+tps_err tps_sp_fragment(engine *E, tps_sp_frags *fr, int g)
+{
+    const tps_ckpt *ck = E->ck;
+    const tps_layout *L = E->L;
+    const unsigned char *none = fr->none;
+    FILE *tf = fr->tens[g], *rf = fr->rts[g];
+    for (size_t ti = 0; ti < ck->n; ti++) {
+        if (tps_layout_dropped(L, ti)) continue;
+        size_t p0 = L->src_piece0[ti], p1 = L->src_piece0[ti + 1];
+        if (p1 > p0 && fr->dims[ti] == -2)
+            fr->dims[ti] = (signed char)L->regions[L->pieces[L->src_pieces[p0]].region].dim;
+        for (size_t k = p0; k < p1; k++)
+            mw_tensor_rank(E, tf, &ck->t[ti], L->src_pieces[k], NULL, none, k == p0);
+        fputc('\n', tf);
+    }
+    for (int r = 0; L->spec && r < E->nranks; r++)
+        for (size_t k = L->rank_rt[r]; k < L->rank_rt[r + 1]; k++) {
+            if (L->rt[k].simple) continue;
+            mw_rank_tensor(E, rf, k, r, NULL);
+            fputc('\n', rf);
+        }
+    if (ferror(tf) || ferror(rf) || fflush(tf) || fflush(rf))
+        return tps_fail(E->ctx, errno == ENOSPC ? TPS_E_NOSPACE : TPS_E_IO,
+                        "%s: writing the manifest's entries failed: %s", E->files ? E->files[0].final : "output",
+                        strerror(errno ? errno : EIO));
+    return TPS_OK;
 }
 
 static void mw_body(engine *E, FILE *f, const char *plan_source, const unsigned char *theirs)
@@ -524,6 +633,11 @@ tps_err tps_sp_write_manifest(engine *E, const tps_split_opts *o, const char *pl
     setvbuf(f, NULL, _IOFBF, 1 << 20);
     mw_body(E, f, plan_source, theirs);
     int werr = ferror(f) || fflush(f) != 0 ? errno : 0;
+    if (!werr && E->frags && E->frags->bad) werr = EIO; /* a pass's entries did not read back */
+    if (E->mw_rc) { /* a source header that changed: its message says */
+        rc = E->mw_rc;
+        goto out;
+    }
     if (!werr && fsync(fileno(f)) != 0) werr = errno;
     if (fclose(f) != 0 && !werr) werr = errno;
     f = NULL;

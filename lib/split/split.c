@@ -47,7 +47,9 @@ static tps_err add_task(engine *E, task tk, size_t ncrc)
         E->tasks = nt;
         E->cap = cap;
     }
-    tk.crc0 = E->ncrc;
+    if (E->ncrc + ncrc >= UINT32_MAX)
+        return tps_fail(E->ctx, TPS_E_NOMEM, "%s: over 2^32 CRCs to take", E->ck->path);
+    tk.crc0 = (uint32_t)E->ncrc;
     E->ncrc += ncrc;
     E->tasks[E->ntasks++] = tk;
     return TPS_OK;
@@ -1620,7 +1622,8 @@ static void run_all(engine *E)
                 uint64_t done = __atomic_add_fetch(&E->done, moved, __ATOMIC_RELAXED);
                 /* One caller at a time, whichever thread is free. */
                 if (E->ctx->progress && !__atomic_exchange_n(&E->reporting, 1, __ATOMIC_ACQUIRE)) {
-                    E->ctx->progress(E->ctx->progress_user, done, E->total, E->ck->t[t].name);
+                    E->ctx->progress(E->ctx->progress_user, E->done0 + done,
+                                     E->total_all ? E->total_all : E->total, E->ck->t[t].name);
                     __atomic_store_n(&E->reporting, 0, __ATOMIC_RELEASE);
                 }
             }
@@ -1951,13 +1954,10 @@ static void engine_free(engine *E, int failed)
     tps_sp_prev_close(E);
 }
 
-tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
-                  tps_split_result *res)
+/* The checks every split makes of its layout and options before it writes. */
+static tps_err split_checks(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
+                            const tps_split_opts *o)
 {
-    tps_err rc = TPS_OK;
-    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
-    unsigned char *all = NULL;
-    if (res) memset(res, 0, sizeof *res);
     if (L->rejected && L->spec)
         return tps_fail(ctx, TPS_E_REJECT, "layout %s rejects tp %d for %s: %s", L->spec->name,
                         L->tp, ck->path, L->rejected);
@@ -1969,57 +1969,62 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
     if (o->tp && o->tp != L->tp)
         return tps_fail(ctx, TPS_E_ARG, "split options say tp %d but the layout was made for tp %d",
                         o->tp, L->tp);
-    /* A manifest lists every (tensor, rank) piece, and a serving layout's
-     * every rank tensor: past this either list would outgrow what check,
-     * merge and verify read back (about 360 bytes of text an entry). */
-    size_t most = L->npieces > L->nrt ? L->npieces : L->nrt;
+    return TPS_OK;
+}
+
+/* A manifest lists every (tensor, rank) piece, and a serving layout's every
+ * rank tensor: past this either list would outgrow what check, merge and
+ * verify read back (about 360 bytes of text an entry). */
+static tps_err entries_check(tps_ctx *ctx, const tps_ckpt *ck, int tp, size_t pieces, size_t rts)
+{
+    size_t most = pieces > rts ? pieces : rts;
     if (most > tps_max_manifest_entries)
         return tps_fail(ctx, TPS_E_NOMEM,
                         "%s: %zu tensors at tp %d make %zu tensor-rank entries, over the %zu a "
                         "manifest may hold (check, merge and verify could not read it back)",
-                        ck->path, ck->n, L->tp, most, tps_max_manifest_entries);
-    all = tps_xcalloc((size_t)L->nranks, 1);
-    E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
-    TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
-    int any = 0;
-    for (int r = 0; r < L->nranks; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
-    E.write = all;
-    /* A --ranks run with no rank to write (split --ranks auto, more tasks than
-     * ranks) leaves the directory to the others. */
-    if (!any) goto out;
-    E.join = o->ranks != NULL;
-    TPS_CHECK(tps_sp_prepare_dir(&E, o));
-    tps_kcopy_probe(ctx, &E.kc, ck->nfiles ? ck->files[0].fd : -1, o->out_dir, o->plain_copy);
-    TPS_CHECK(build_files(&E, o));
-    TPS_CHECK(index_dests(&E));
-    if (E.kc.can_clone) TPS_CHECK(align_files(&E));
-    TPS_CHECK(plan_tasks(&E));
-    TPS_CHECK(tps_sp_space_check(ctx, &E, o->out_dir));
-    TPS_CHECK(write_headers(&E));
-    TPS_CHECK(write_constants(&E));
+                        ck->path, ck->n, tp, most, tps_max_manifest_entries);
+    return TPS_OK;
+}
+
+/* E->L's ranks that E->write names: their rank files made under temporary
+ * names, written, checked against the source, synced and closed. */
+static tps_err write_pass(engine *E, const tps_split_opts *o)
+{
+    tps_ctx *ctx = E->ctx;
+    const tps_ckpt *ck = E->ck;
+    tps_err rc = TPS_OK;
+    TPS_CHECK(build_files(E, o));
+    TPS_CHECK(index_dests(E));
+    if (E->kc.can_clone) TPS_CHECK(align_files(E));
+    TPS_CHECK(plan_tasks(E));
+    TPS_CHECK(tps_sp_space_check(ctx, E, o->out_dir));
+    TPS_CHECK(write_headers(E));
+    TPS_CHECK(write_constants(E));
     /* Mapped reads when asked for, the source's file system allows them
      * and the SIGBUS guard can be set. */
     long pg = sysconf(_SC_PAGESIZE);
-    E.page = pg > 0 ? (size_t)pg : 4096;
+    E->page = pg > 0 ? (size_t)pg : 4096;
     char fsn[32];
     const char *unm = NULL;
     for (size_t i = 0; o->map_source == 1 && !unm && i < ck->nfiles; i++)
         unm = tps_fs_unmappable(ck->files[i].fd, fsn, sizeof fsn);
-    if (unm)
+    if (unm && !E->done0)
         tps_log(ctx, TPS_LOG_INFO, "%s (%s): reading with pread, not through mappings (unsafe or "
                 "slow there; --mmap maps it anyway)", ck->path, unm);
-    E.map = o->map_source && !unm && pg > 0 && tps_guard_hold();
-    run_all(&E);
-    if (E.map) tps_guard_release();
-    if (E.failed) {
-        rc = E.err;
+    E->map = o->map_source && !unm && pg > 0 && tps_guard_hold();
+    run_all(E);
+    if (E->map) tps_guard_release();
+    if (E->failed) {
+        rc = E->err;
         goto out;
     }
-    if (ctx->progress) ctx->progress(ctx->progress_user, E.done, E.total, NULL);
+    if (ctx->progress)
+        ctx->progress(ctx->progress_user, E->done0 + E->done,
+                      E->total_all ? E->total_all : E->total, NULL);
     TPS_CHECK(tps_ckpt_recheck(ctx, ck));
-    combine_crcs(&E);
-    for (size_t i = 0; i < E.nfiles; i++) {
-        ofile *f = &E.files[i];
+    combine_crcs(E);
+    for (size_t i = 0; i < E->nfiles; i++) {
+        ofile *f = &E->files[i];
         TPS_FAIL_IF(fsync(f->fd) != 0, ctx, errno == ENOSPC ? TPS_E_NOSPACE : TPS_E_IO,
                     "%s: fsync: %s", f->final, strerror(errno));
         int cr = close(f->fd);
@@ -2027,7 +2032,20 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         TPS_FAIL_IF(cr != 0, ctx, TPS_E_IO, "%s: close: %s", f->final, strerror(errno));
     }
     TPS_FAIL_IF(ctx->interrupted, ctx, TPS_E_INTERRUPTED, "interrupted");
-    if (!E.join) {
+out:
+    return rc;
+}
+
+/* The rank files written (E->files): put in place, an older output's
+ * leftovers removed, config.json and the other files beside them, and the
+ * manifest recorded. */
+static tps_err finish_split(engine *E, const tps_split_opts *o, tps_split_result *res)
+{
+    tps_ctx *ctx = E->ctx;
+    const tps_ckpt *ck = E->ck;
+    const tps_layout *L = E->L;
+    tps_err rc = TPS_OK;
+    if (!E->join) {
         /* The old manifest goes first, so no moment shows new rank files
          * under an old manifest. (A --ranks run's files are not the
          * manifest's until it records them.) */
@@ -2035,29 +2053,29 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         if (mp) unlink(mp);
         free(mp);
     }
-    for (size_t i = 0; i < E.nfiles; i++) {
-        TPS_FAIL_IF(rename(E.files[i].tmp, E.files[i].final) != 0, ctx, TPS_E_IO, "%s: rename: %s",
-                    E.files[i].final, strerror(errno));
-        free(E.files[i].tmp);
-        E.files[i].tmp = tps_strdup("");
+    for (size_t i = 0; i < E->nfiles; i++) {
+        TPS_FAIL_IF(rename(E->files[i].tmp, E->files[i].final) != 0, ctx, TPS_E_IO, "%s: rename: %s",
+                    E->files[i].final, strerror(errno));
+        free(E->files[i].tmp);
+        E->files[i].tmp = tps_strdup("");
     }
-    tps_sp_remove_stale(&E, o->out_dir);
+    tps_sp_remove_stale(E, o->out_dir);
     /* a packed method's quantized modules by name, where the engine would
      * look for them in the files (tps_quant_serving_config) */
     if (L->spec)
         TPS_CHECK(tps_quant_serving_config(ctx, ck, L->q, ck->config_out ? ck->config_out
                                                                           : ck->config_text,
-                                           &E.config_written));
-    if (E.config_written)
-        E.config_why = "quantization_config names the quantized modules, which the engine "
-                       "cannot find in rank files (fused names)";
+                                           &E->config_written));
+    if (E->config_written)
+        E->config_why = "quantization_config names the quantized modules, which the engine "
+                        "cannot find in rank files (fused names)";
     const char *pf;
     uint64_t pfrom, pto;
-    int named = E.config_written != NULL;
+    int named = E->config_written != NULL;
     for (int pk = 0; pk < 2; pk++) {
         if (!tps_layout_padding(L, pk, &pf, &pfrom, &pto)) continue;
         /* --pad-intermediate: the engine builds the padded model */
-        const char *base = E.config_written ? E.config_written
+        const char *base = E->config_written ? E->config_written
                            : ck->config_out ? ck->config_out : ck->config_text;
         cJSON *cfg = base ? cJSON_Parse(base) : NULL;
         cJSON *where = cfg;
@@ -2074,24 +2092,53 @@ tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const t
         }
         cJSON_Delete(cfg);
         TPS_FAIL_IF(!text, ctx, TPS_E_NOMEM, "out of memory");
-        free(E.config_written);
-        E.config_written = text;
-        E.config_why = named ? "the quantized modules named, and --pad-intermediate's padded sizes"
-                             : "--pad-intermediate: the padded sizes";
+        free(E->config_written);
+        E->config_written = text;
+        E->config_why = named ? "the quantized modules named, and --pad-intermediate's padded sizes"
+                              : "--pad-intermediate: the padded sizes";
     }
     TPS_CHECK(tps_ckpt_copy_aux(ctx, ck, o->out_dir,
-                                E.config_written ? E.config_written : ck->config_out));
-    TPS_CHECK(tps_sp_record_manifest(&E, o,
+                                E->config_written ? E->config_written : ck->config_out));
+    TPS_CHECK(tps_sp_record_manifest(E, o,
                                      L->plan->label ? L->plan->label : tps_plan_name(L->plan)));
     TPS_CHECK(tps_fsync_dir(ctx, o->out_dir));
     if (res) {
-        for (size_t i = 0; i < E.nfiles; i++) res->bytes_written += E.files[i].size;
-        res->bytes_read = E.done;
-        res->files_written = (int)E.nfiles;
-        res->bytes_shared = E.kc.shared;
-        res->copy = tps_kcopy_mode_name(E.kc.mode);
-        for (int r = 0; r < L->nranks; r++) res->ranks_written += all[r];
+        for (size_t i = 0; i < E->nfiles; i++) res->bytes_written += E->files[i].size;
+        res->bytes_read += E->done0 + E->done;
+        res->files_written = (int)E->nfiles;
+        res->bytes_shared += E->kc.shared;
+        res->copy = tps_kcopy_mode_name(E->kc.mode);
+        for (int r = 0; r < L->nranks; r++) res->ranks_written += E->write[r];
     }
+out:
+    return rc;
+}
+
+tps_err tps_split(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L, const tps_split_opts *o,
+                  tps_split_result *res)
+{
+    tps_err rc = TPS_OK;
+    engine E = {.ctx = ctx, .ck = ck, .L = L, .nranks = L->nranks, .wfd = -1};
+    unsigned char *all = NULL;
+    if (res) memset(res, 0, sizeof *res);
+    TPS_TRY(split_checks(ctx, ck, L, o));
+    if (L->keep)
+        return tps_fail(ctx, TPS_E_ARG, "split: a layout of some ranks only is tps_split_passes'");
+    TPS_TRY(entries_check(ctx, ck, L->tp, L->npieces, L->nrt));
+    all = tps_xcalloc((size_t)L->nranks, 1);
+    E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
+    TPS_FAIL_IF(!all || !E.slots, ctx, TPS_E_NOMEM, "out of memory");
+    int any = 0;
+    for (int r = 0; r < L->nranks; r++) any |= all[r] = o->ranks ? o->ranks[r] : 1;
+    E.write = all;
+    /* A --ranks run with no rank to write (split --ranks auto, more tasks than
+     * ranks) leaves the directory to the others. */
+    if (!any) goto out;
+    E.join = o->ranks != NULL;
+    TPS_CHECK(tps_sp_prepare_dir(&E, o));
+    tps_kcopy_probe(ctx, &E.kc, ck->nfiles ? ck->files[0].fd : -1, o->out_dir, o->plain_copy);
+    TPS_CHECK(write_pass(&E, o));
+    TPS_CHECK(finish_split(&E, o, res));
 out:
     engine_free(&E, rc != TPS_OK);
     free(all);
@@ -2124,5 +2171,181 @@ tps_err tps_split_sharing(tps_ctx *ctx, const tps_ckpt *ck, const tps_layout *L,
 out:
     engine_free(&E, 0);
     free(all);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ a split in passes */
+
+/* Past this many (tensor, rank) pairs a split goes in passes of fewer ranks:
+ * the compiled layout and the copy engine's tables take about 100-160 bytes
+ * a pair (92k tensors at tp 8, DeepSeek-V3's count, made 125 MiB of tables
+ * in one pass). */
+#define TPS_PASS_PAIRS 131072
+#define TPS_MAX_PASSES 256 /* each pass's entries are a file open to the end */
+
+int tps_split_ranks_per_pass(const tps_ckpt *ck, int nranks, int pp, int asked)
+{
+    if (nranks < 1) return 1;
+    int least = (nranks + TPS_MAX_PASSES - 1) / TPS_MAX_PASSES;
+    int n = asked;
+    if (pp > 1) return nranks; /* the stages' copies are made from every tp rank's */
+    if (n <= 0) {
+        size_t per = ck->n ? TPS_PASS_PAIRS / ck->n : (size_t)nranks;
+        n = per < 1 ? 1 : per > (size_t)nranks ? nranks : (int)per;
+    }
+    if (n < least) n = least;
+    return n > nranks ? nranks : n;
+}
+
+/* An unlinked file in dir for a pass's entries (nothing left behind, even
+ * when the run is killed). */
+static FILE *pass_file(tps_ctx *ctx, const char *dir, int g, const char *what)
+{
+    char *mp = tps_path_join(dir, TPS_MANIFEST);
+    char *tmp = mp ? tps_tmp_name(mp) : NULL;
+    char *p = tmp ? tps_asprintf("%s.%s-%d", tmp, what, g) : NULL;
+    FILE *f = NULL;
+    if (p) {
+        int fd = open(p, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            unlink(p);
+            f = fdopen(fd, "w+");
+            if (!f) close(fd);
+        }
+        if (!f) tps_fail(ctx, TPS_E_IO, "%s: cannot create: %s", p, strerror(errno));
+    } else {
+        tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    }
+    free(p);
+    free(tmp);
+    free(mp);
+    return f;
+}
+
+static void frags_free(tps_sp_frags *fr)
+{
+    for (int g = 0; g < fr->n; g++) {
+        if (fr->tens && fr->tens[g]) fclose(fr->tens[g]);
+        if (fr->rts && fr->rts[g]) fclose(fr->rts[g]);
+    }
+    free(fr->tens);
+    free(fr->rts);
+    free(fr->dims);
+    free(fr->line);
+    free(fr->none);
+}
+
+tps_err tps_split_passes(tps_ctx *ctx, tps_ckpt *ck, const tps_plan *plan,
+                         const tps_layout_spec *spec, int tp, const tps_layout_opts *lo,
+                         int ranks_per_pass, tps_layout *first, const tps_split_opts *o,
+                         tps_split_result *res)
+{
+    tps_err rc = TPS_OK;
+    int pp = lo && lo->pp ? lo->pp : 1;
+    int nranks = tp * pp;
+    int per = tps_split_ranks_per_pass(ck, nranks, pp, ranks_per_pass);
+    if (res) memset(res, 0, sizeof *res);
+    if (o->ranks) return tps_fail(ctx, TPS_E_ARG, "split: --ranks runs write their ranks in one pass");
+    if (per >= nranks && !first) {
+        tps_layout *L = NULL;
+        TPS_TRY(tps_layout_new_opts(ctx, ck, plan, spec, tp, lo, &L));
+        rc = tps_split(ctx, ck, L, o, res);
+        tps_layout_free(L);
+        return rc;
+    }
+    int npass = (nranks + per - 1) / per;
+    unsigned char *all = tps_xcalloc((size_t)nranks, 1);
+    unsigned char *keep = tps_xcalloc((size_t)nranks, npass); /* each pass's mask, kept
+                                                                 * while its layout lives */
+    tps_sp_frags fr = {.n = npass};
+    fr.tens = tps_xcalloc((size_t)npass, sizeof *fr.tens);
+    fr.rts = tps_xcalloc((size_t)npass, sizeof *fr.rts);
+    fr.dims = tps_xmalloc(ck->n ? ck->n : 1);
+    fr.none = tps_xcalloc((size_t)nranks, 1);
+    /* F: the whole split's engine: the directory, every pass's files, the manifest */
+    engine F = {.ctx = ctx, .ck = ck, .L = first, .nranks = nranks, .wfd = -1, .write = all};
+    engine E = {0};
+    tps_layout *L = NULL;
+    size_t npieces = 0, nrts = 0;
+    uint64_t done = 0, shared = 0;
+    TPS_FAIL_IF(!all || !keep || !fr.tens || !fr.rts || !fr.dims || !fr.none, ctx, TPS_E_NOMEM,
+                "out of memory");
+    memset(all, 1, (size_t)nranks);
+    memset(fr.dims, -2, ck->n ? ck->n : 1);
+    for (int g = 0; g < npass; g++)
+        for (int r = g * per; r < (g + 1) * per && r < nranks; r++) keep[(size_t)g * nranks + r] = 1;
+    if (first && (!first->keep || memcmp(first->keep, keep, (size_t)nranks)))
+        TPS_FAIL_IF(1, ctx, TPS_E_ARG, "split: the first pass's layout is not of its ranks");
+    for (int g = 0; g < npass; g++) {
+        if (g == 0 && first) {
+            L = first;
+        } else {
+            tps_layout_opts lg = lo ? *lo : (tps_layout_opts){0};
+            lg.keep = keep + (size_t)g * nranks;
+            TPS_CHECK(tps_layout_new_opts(ctx, ck, plan, spec, tp, &lg, &L));
+        }
+        TPS_CHECK(split_checks(ctx, ck, L, o));
+        npieces += L->npieces;
+        nrts += L->nrt;
+        TPS_CHECK(entries_check(ctx, ck, tp, npieces, nrts));
+        if (g == 0) {
+            F.L = L;
+            tps_ckpt_release_headers(ck); /* the manifest reads them again */
+            TPS_CHECK(tps_sp_prepare_dir(&F, o));
+            tps_kcopy_probe(ctx, &F.kc, ck->nfiles ? ck->files[0].fd : -1, o->out_dir,
+                            o->plain_copy);
+        }
+        E = (engine){.ctx = ctx, .ck = ck, .L = L, .nranks = nranks, .wfd = -1,
+                     .write = keep + (size_t)g * nranks, .kc = F.kc, .done0 = done,
+                     .passes_left = npass - g};
+        E.kc.shared = 0;
+        E.slots = tps_xcalloc(L->nrt ? L->nrt : 1, sizeof *E.slots);
+        TPS_FAIL_IF(!E.slots, ctx, TPS_E_NOMEM, "out of memory");
+        TPS_CHECK(write_pass(&E, o));
+        if (!(fr.tens[g] = pass_file(ctx, o->out_dir, g, "tensors")) ||
+            !(fr.rts[g] = pass_file(ctx, o->out_dir, g, "rank-tensors"))) {
+            rc = TPS_E_IO;
+            goto out;
+        }
+        TPS_CHECK(tps_sp_fragment(&E, &fr, g));
+        done += E.done;
+        shared += E.kc.shared;
+        F.kc.mode = E.kc.mode; /* lowered where the kernel refused */
+        /* its files join the whole split's: renamed with the others at the end */
+        ofile *nf = realloc(F.files, (F.nfiles + E.nfiles) * sizeof *nf);
+        TPS_FAIL_IF(!nf, ctx, TPS_E_NOMEM, "out of memory");
+        F.files = nf;
+        memcpy(F.files + F.nfiles, E.files, E.nfiles * sizeof *E.files);
+        F.nfiles += E.nfiles;
+        E.nfiles = 0;
+        engine_free(&E, 0);
+        memset(&E, 0, sizeof E);
+        if (g + 1 < npass) { /* the last pass's layout writes the manifest's head */
+            if (L != first) tps_layout_free(L);
+            else tps_layout_drop_tables(first); /* the caller's: its sizes and names stay */
+            L = NULL;
+        }
+        /* what the pass held goes back: the next pass's tables are as large,
+         * and glibc would keep the freed pages resident, in holes between
+         * the ones still in use */
+        tps_heap_release();
+    }
+    /* The manifest: its head from the last pass's layout (the whole layout's
+     * checks, plan and dropped tensors), its entries from every pass. */
+    F.L = L;
+    F.frags = &fr;
+    F.done0 = done;
+    F.kc.shared = shared;
+    F.slots = NULL;
+    TPS_CHECK(finish_split(&F, o, res));
+out:
+    if (E.ctx) engine_free(&E, 1);
+    F.frags = NULL;
+    engine_free(&F, rc != TPS_OK);
+    if (L && L != first) tps_layout_free(L);
+    frags_free(&fr);
+    tps_out_release(o->out_dir, F.wfd, 0);
+    free(all);
+    free(keep);
     return rc;
 }

@@ -51,16 +51,28 @@ typedef struct {
  * TROWS: rows [a, b) of transposed region g0 (tps_xform.tr; a row is its
  * last dim), read in the region's order, whole matrices or part of one. */
 typedef struct {
-    task_kind kind;
-    size_t t;        /* source tensor */
-    size_t g0, ng;   /* regions */
+    uint32_t t;      /* source tensor */
+    uint32_t g0, ng; /* regions (32-bit, as the layout's: tps_layout_compile) */
+    uint32_t crc0;   /* its first CRC in the pool (ROWS: ng of them) */
+    uint8_t kind;    /* task_kind */
+    uint8_t full_rows; /* ROWS: read whole rows once (else each region's slices) */
+    uint8_t run;     /* CONTIG: the region is one run of its source: the kernel may copy it */
+    int32_t file;    /* MULTI: the source file */
     uint64_t a, b;
     uint64_t src;    /* CONTIG: source byte of a */
-    int full_rows;   /* ROWS: read whole rows once (else each region's slices) */
-    int run;         /* CONTIG: the region is one run of its source: the kernel may copy it */
-    int file;        /* MULTI: the source file */
-    size_t crc0;     /* its first CRC in the pool (ROWS: ng of them) */
-} task;
+} task; /* 48 bytes: a pass of a DeepSeek-V3-sized split plans 100k of them */
+
+/* A split in passes: each pass's manifest entries, in a file of its own
+ * (unlinked, in the output directory) until the manifest is written. */
+typedef struct {
+    int n;              /* passes */
+    FILE **tens, **rts; /* [n]: a line a tensor; a line a rank tensor entry */
+    signed char *dims;  /* per source tensor, the dim of its placement (-2: not yet seen) */
+    char *line;         /* getline's */
+    size_t cap;
+    int bad;            /* a file did not read back */
+    unsigned char *none; /* [ranks], zeros: no earlier --ranks run's */
+} tps_sp_frags;
 
 typedef struct {
     tps_ctx *ctx;
@@ -82,6 +94,7 @@ typedef struct {
     uint32_t *region_crc;
     int *piece_rt;   /* rank tensor of each piece */
     uint64_t total, done;
+    uint64_t done0, total_all; /* a split in passes: bytes of the passes before, and about all */
     volatile int failed;
     tps_err err;
     int reporting;   /* a thread is in the progress callback */
@@ -102,11 +115,17 @@ typedef struct {
     fgroup *fg;      /* FUSED tasks' groups */
     size_t nfg;
     unsigned char *fowned; /* [region]: only FUSED tasks write it (and take its CRC) */
+    tps_sp_frags *frags;   /* the manifest of a split in passes: its entries from these */
+    int passes_left;       /* a split in passes: this one and those after it */
+    tps_err mw_rc;         /* the manifest could not be made (its message set) */
 } engine;
 
 /* manifest.c: DIR/tpshard.json, written whole under a temporary name and
  * renamed into place; a --ranks run's holds the entries of E->prev's ranks. */
 tps_err tps_sp_write_manifest(engine *E, const tps_split_opts *o, const char *plan_source);
+
+/* One pass's entries (E: the pass's engine) into fr's files for pass g. */
+tps_err tps_sp_fragment(engine *E, tps_sp_frags *fr, int g);
 
 /* align.c: every file's pad, for E->kc.blk, and E->shareable. */
 tps_err tps_sp_align(engine *E);
