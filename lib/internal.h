@@ -546,6 +546,7 @@ typedef struct {
     uint64_t size;
     int64_t mtime_s, mtime_ns; /* at open: tps_ckpt_recheck compares */
     uint32_t raw_crc; /* of st->raw while tps_ckpt_release_headers has let it go */
+    struct tps_hsum { uint32_t crc; uint64_t len; int gone; } hsum; /* tps_ckpt_open_lean's */
     tps_st *st;
     int rank;    /* sharded dirs */
     uint32_t *byname; /* sharded dirs: st's tensors (indexes into st->t) sorted by name */
@@ -571,6 +572,12 @@ struct tps_ckpt {
     size_t norigins;
     cJSON *origin_meta; /* {file: {__metadata__}} */
     cJSON *origin_header; /* {file: "the original header text"}: merge restores it verbatim */
+    /* norigins of them, once tps_ckpt_release_origin_headers (or
+     * tps_ckpt_release_headers) has let the texts go: each text's CRC32 and
+     * length, for the provenance checks (gone 0: still in origin_header) */
+    struct tps_hsum *origin_hsum;
+    int lean; /* tps_ckpt_open_lean: the files' header texts let go as they are read */
+    int names_owned; /* not sharded: the tensors' names are ck's (the files' tables let go) */
     char *index_name;   /* "model.safetensors.index.json" when the source had one */
     cJSON *index_meta;  /* the source index's "metadata" object (merge writes it back) */
     unsigned char *rank_present; /* sharded dirs: tp entries, rank file(s) found */
@@ -616,6 +623,16 @@ const tps_st_tensor_info *tps_cfile_find(const tps_cfile *f, const char *name);
  * each piece against its file's header again. A DTensor split's rank files
  * list every tensor again: 26 MB at DeepSeek-V3's size (92k tensors, tp 8). */
 void tps_ckpt_drop_file_tables(tps_ckpt *ck);
+/* The original files' header texts let go once the provenance checks have
+ * read them: a split directory's (the manifest's copies, which merge would
+ * restore: not for merge) or a source's (tps_ckpt_release_headers). 12 MB
+ * for DeepSeek-V3's 92k tensors. */
+void tps_ckpt_release_origin_headers(tps_ckpt *ck);
+/* A sharded checkpoint's kept strings (its tensors' names among them): does
+ * s lie in them? And handed over (*n of them, to free), ck's names then
+ * dangling: for a caller about to free ck that keeps some of its names. */
+int tps_ckpt_keeps_string(const tps_ckpt *ck, const char *s);
+char **tps_ckpt_take_strings(tps_ckpt *ck, size_t *n);
 /* File i's header text read again after tps_ckpt_release_headers let it go
  * (*out malloc'd), refused when its bytes changed since the open. */
 tps_err tps_ckpt_file_header(tps_ctx *ctx, const tps_ckpt *ck, size_t i, char **out);
@@ -623,6 +640,10 @@ tps_err tps_ckpt_file_header(tps_ctx *ctx, const tps_ckpt *ck, size_t i, char **
 /* Is name a source tensor the split's layout left out (the manifest's dropped[])? */
 int tps_ckpt_dropped(const tps_ckpt *ck, const char *name);
 
+/* tps_ckpt_open keeping of its files' header texts only their CRC32s and
+ * lengths (struct tps_hsum), each let go once read: for the source verify
+ * compares (provenance.c), not for a split or merge, which write them. */
+tps_err tps_ckpt_open_lean(tps_ctx *ctx, const char *model, tps_ckpt **out);
 /* tps_ckpt_open of a path as it is: no Hugging Face cache lookup (an output
  * directory, not a MODEL). */
 tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out);

@@ -51,6 +51,8 @@ void tps_ckpt_free(tps_ckpt *ck)
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
     free(ck->origins);
     free(ck->files);
+    for (size_t i = 0; ck->names_owned && i < ck->n; i++)
+        if (!ck->t[i].derived_from) free((char *)ck->t[i].name); /* not --untie's head */
     free(ck->t);
     free(ck->path);
     free(ck->dir);
@@ -70,6 +72,7 @@ void tps_ckpt_free(tps_ckpt *ck)
     cJSON_Delete(ck->manifest);
     cJSON_Delete(ck->origin_meta);
     cJSON_Delete(ck->origin_header);
+    free(ck->origin_hsum);
     cJSON_Delete(ck->index_meta);
     free(ck);
 }
@@ -87,6 +90,13 @@ tps_err tps_ck_add_file(tps_ctx *ctx, tps_ckpt *ck, const char *name, size_t *id
     ck->nfiles++;
     if (!f->name || !f->path) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     TPS_TRY(tps_st_open(ctx, f->path, &f->st));
+    if (ck->lean && f->st->raw) { /* tps_ckpt_open_lean: only the header's sums are kept */
+        size_t n = strlen(f->st->raw);
+        f->raw_crc = tps_crc32(0, f->st->raw, f->st->raw_len);
+        f->hsum = (struct tps_hsum){tps_crc32(0, f->st->raw, n), n, 1};
+        free(f->st->raw);
+        f->st->raw = NULL;
+    }
     f->fd = open(f->path, O_RDONLY | O_CLOEXEC);
     if (f->fd < 0) return tps_fail(ctx, TPS_E_IO, "%s: cannot open: %s", f->path, strerror(errno));
     struct stat sb;
@@ -124,6 +134,43 @@ void tps_ckpt_drop_file_tables(tps_ckpt *ck)
     tps_heap_release();
 }
 
+int tps_ckpt_keeps_string(const tps_ckpt *ck, const char *s)
+{
+    /* chunks of at least 64 KiB (ckpt_sharded.c's ck_keep): a string in the
+     * first 64 KiB of one is found, one past them (only in a chunk made for
+     * a longer string) is not, and its caller copies it */
+    uintptr_t p = (uintptr_t)s;
+    for (size_t i = ck->nstr_chunks; i-- > 0;) {
+        uintptr_t c = (uintptr_t)ck->str_chunks[i];
+        if (p >= c && p - c < 65536) return 1;
+    }
+    return 0;
+}
+
+char **tps_ckpt_take_strings(tps_ckpt *ck, size_t *n)
+{
+    char **c = ck->str_chunks;
+    *n = ck->nstr_chunks;
+    ck->str_chunks = NULL;
+    ck->nstr_chunks = 0;
+    ck->str_left = 0;
+    ck->str_next = NULL;
+    return c;
+}
+
+/* origin k's header text h is let go: its sum kept (NULL h: nothing). */
+static void keep_hsum(tps_ckpt *ck, const char *name, const char *h)
+{
+    if (!h || !ck->norigins) return;
+    if (!ck->origin_hsum && !(ck->origin_hsum = tps_xcalloc(ck->norigins, sizeof *ck->origin_hsum)))
+        return;
+    for (size_t k = 0; k < ck->norigins; k++)
+        if (ck->origins[k] && !strcmp(ck->origins[k], name)) {
+            size_t n = strlen(h);
+            ck->origin_hsum[k] = (struct tps_hsum){tps_crc32(0, h, n), n, 1};
+        }
+}
+
 void tps_ckpt_release_headers(tps_ckpt *ck)
 {
     if (ck->kind == TPS_SRC_SHARDED) return;
@@ -131,10 +178,31 @@ void tps_ckpt_release_headers(tps_ckpt *ck)
         tps_cfile *f = &ck->files[i];
         if (!f->st || !f->st->raw) continue;
         f->raw_crc = tps_crc32(0, f->st->raw, f->st->raw_len);
+        keep_hsum(ck, f->name, f->st->raw);
         cJSON_DeleteItemFromObjectCaseSensitive(ck->origin_header, f->name);
         free(f->st->raw);
         f->st->raw = NULL;
     }
+    tps_heap_release();
+}
+
+void tps_ckpt_release_origin_headers(tps_ckpt *ck)
+{
+    if (ck->kind != TPS_SRC_SHARDED) {
+        tps_ckpt_release_headers(ck);
+        return;
+    }
+    /* origin_header refers to the manifest's strings: it goes first */
+    cJSON *empty = cJSON_CreateObject();
+    if (!empty) return;
+    for (const cJSON *h = ck->origin_header ? ck->origin_header->child : NULL; h; h = h->next)
+        if (cJSON_IsString(h)) keep_hsum(ck, h->string, h->valuestring);
+    cJSON_Delete(ck->origin_header);
+    ck->origin_header = empty;
+    const cJSON *sf = cJSON_GetObjectItemCaseSensitive(
+        cJSON_GetObjectItemCaseSensitive(ck->manifest, "source"), "files");
+    for (cJSON *f = sf ? sf->child : NULL; f; f = f->next)
+        cJSON_DeleteItemFromObjectCaseSensitive(f, "header");
     tps_heap_release();
 }
 
@@ -253,14 +321,15 @@ int tps_ck_plain_name(const char *s)
 
 /* ------------------------------------------------------------------ open */
 
-static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out);
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out,
+                         int lean);
 
 tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
 {
     *out = NULL;
     char *path = NULL, *repo = NULL;
     tps_err rc = tps_model_locate(ctx, model, &path, &repo);
-    if (!rc) rc = ckpt_open(ctx, path, repo, out);
+    if (!rc) rc = ckpt_open(ctx, path, repo, out, 0);
     free(path);
     free(repo);
     return rc;
@@ -268,10 +337,22 @@ tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
 
 tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out)
 {
-    return ckpt_open(ctx, path, NULL, out);
+    return ckpt_open(ctx, path, NULL, out, 0);
 }
 
-static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out)
+tps_err tps_ckpt_open_lean(tps_ctx *ctx, const char *model, tps_ckpt **out)
+{
+    *out = NULL;
+    char *path = NULL, *repo = NULL;
+    tps_err rc = tps_model_locate(ctx, model, &path, &repo);
+    if (!rc) rc = ckpt_open(ctx, path, repo, out, 1);
+    free(path);
+    free(repo);
+    return rc;
+}
+
+static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out,
+                         int lean)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
@@ -279,6 +360,7 @@ static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_c
     tps_ckpt *ck = tps_xcalloc(1, sizeof *ck);
     char *tmp = NULL, *p = NULL;
     if (!ck) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
+    ck->lean = lean;
     ck->seq = __atomic_add_fetch(&opens, 1, __ATOMIC_RELAXED);
     struct stat sb;
     TPS_FAIL_IF(stat(path, &sb) != 0, ctx, TPS_E_IO, "%s: %s", path, strerror(errno));
@@ -341,13 +423,29 @@ static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_c
         for (size_t i = 0; i < ck->nfiles; i++) {
             ck->origins[i] = tps_strdup(ck->files[i].name);
             /* A reference: the header text is not copied again. */
-            cJSON_AddItemToObject(ck->origin_header, ck->files[i].name,
-                                  cJSON_CreateStringReference(ck->files[i].st->raw));
+            if (ck->files[i].st->raw)
+                cJSON_AddItemToObject(ck->origin_header, ck->files[i].name,
+                                      cJSON_CreateStringReference(ck->files[i].st->raw));
+            else if (ck->files[i].hsum.gone) {
+                if (!ck->origin_hsum)
+                    ck->origin_hsum = tps_xcalloc(ck->nfiles, sizeof *ck->origin_hsum);
+                TPS_FAIL_IF(!ck->origin_hsum, ctx, TPS_E_NOMEM, "out of memory");
+                ck->origin_hsum[i] = ck->files[i].hsum;
+            }
             cJSON *md = cJSON_CreateObject();
             for (size_t k = 0; k < ck->files[i].st->nmeta; k++)
                 cJSON_AddStringToObject(md, ck->files[i].st->mkeys[k], ck->files[i].st->mvals[k]);
             cJSON_AddItemToObject(ck->origin_meta, ck->files[i].name, md);
         }
+    }
+    if (ck->kind != TPS_SRC_SHARDED) {
+        /* The files' tensor tables were read into ck->t; their names are
+         * the tensors' now, the rest goes (7 MB at DeepSeek-V3's 92k). */
+        for (size_t i = 0; i < ck->nfiles; i++) {
+            ck->files[i].st->names_kept = 1;
+            tps_st_drop_table(ck->files[i].st);
+        }
+        ck->names_owned = 1;
     }
     TPS_CHECK(load_config(ctx, ck));
     if (ck->pad_intermediate && ck->untie_config) {

@@ -19,10 +19,21 @@ static tps_err load_json_file(tps_ctx *ctx, const char *path, cJSON **out)
     return rc;
 }
 
+/* A weight_map entry, kept once the index's JSON is let go: the tensor's
+ * name (in one block for all) and its part. */
+typedef struct {
+    const char *name;
+    uint32_t part; /* into parts */
+} ientry;
+
 tps_err tps_ck_open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
 {
     tps_err rc = TPS_OK;
     cJSON *idx = NULL;
+    ientry *ent = NULL;
+    char *names = NULL;
+    char **parts = NULL; /* the part names, in first-mention order */
+    size_t nent = 0, nparts = 0;
     TPS_CHECK(load_json_file(ctx, ipath, &idx));
     TPS_FAIL_IF(!cJSON_IsObject(idx), ctx, TPS_E_INDEX, "%s: not a JSON object", ipath);
     const cJSON *wm = cJSON_GetObjectItemCaseSensitive(idx, "weight_map");
@@ -32,74 +43,113 @@ tps_err tps_ck_open_index(tps_ctx *ctx, tps_ckpt *ck, const char *ipath)
     TPS_FAIL_IF(dup, ctx, TPS_E_INDEX, "%s: weight_map: tensor '%s' listed twice", ipath, dup);
     const cJSON *meta = cJSON_GetObjectItemCaseSensitive(idx, "metadata");
     if (cJSON_IsObject(meta)) ck->index_meta = cJSON_Duplicate(meta, 1);
-    /* Open each named part once, in first-mention order (consecutive entries
-     * mostly name the same part: that one is tried first). */
-    size_t last = 0;
+    /* The map copied out (a DeepSeek-V3 index's JSON tree is 16 MB; its
+     * names, 4), the tree let go before the parts' headers are read. */
+    size_t nbytes = 0;
     for (const cJSON *e = wm->child; e; e = e->next) {
         TPS_FAIL_IF(!cJSON_IsString(e), ctx, TPS_E_INDEX,
                     "%s: weight_map['%s'] is not a file name string", ipath, e->string);
-        const char *fn = e->valuestring;
-        TPS_FAIL_IF(!tps_ck_plain_name(fn), ctx, TPS_E_INDEX,
+        TPS_FAIL_IF(!tps_ck_plain_name(e->valuestring), ctx, TPS_E_INDEX,
                     "%s: weight_map['%s'] names '%s': file names must be plain names inside the "
                     "model directory (no '/', '..' or absolute paths)",
-                    ipath, e->string, fn);
-        size_t k = last;
-        if (k >= ck->nfiles || strcmp(ck->files[k].name, fn) != 0)
-            for (k = 0; k < ck->nfiles; k++)
-                if (strcmp(ck->files[k].name, fn) == 0) break;
-        last = k;
-        if (k == ck->nfiles) {
-            char *pp = tps_path_join(ck->dir, fn);
-            int there = pp && tps_exists(pp);
-            free(pp);
-            TPS_FAIL_IF(!there, ctx, TPS_E_INDEX, "%s: part '%s' (holding '%s') is missing", ipath, fn,
-                        e->string);
-            size_t fi;
-            TPS_CHECK(tps_ck_add_file(ctx, ck, fn, &fi));
-            TPS_CHECK(tps_ck_add_file_tensors(ctx, ck, fi));
+                    ipath, e->string, e->valuestring);
+        nbytes += strlen(e->string) + 1;
+        nent++;
+    }
+    TPS_FAIL_IF(nent == 0, ctx, TPS_E_INDEX, "%s: weight_map is empty", ipath);
+    ent = tps_xmalloc(nent * sizeof *ent);
+    names = tps_xmalloc(nbytes ? nbytes : 1);
+    TPS_FAIL_IF(!ent || !names, ctx, TPS_E_NOMEM, "%s: out of memory", ipath);
+    {
+        size_t k = 0, at = 0, last = 0;
+        for (const cJSON *e = wm->child; e; e = e->next, k++) {
+            size_t n = strlen(e->string) + 1;
+            memcpy(names + at, e->string, n);
+            ent[k].name = names + at;
+            at += n;
+            /* consecutive entries mostly name the same part: that one is tried first */
+            size_t p = last;
+            if (p >= nparts || strcmp(parts[p], e->valuestring) != 0)
+                for (p = 0; p < nparts; p++)
+                    if (strcmp(parts[p], e->valuestring) == 0) break;
+            if (p == nparts) {
+                char **np = realloc(parts, (nparts + 1) * sizeof *np);
+                TPS_FAIL_IF(!np, ctx, TPS_E_NOMEM, "%s: out of memory", ipath);
+                parts = np;
+                TPS_FAIL_IF(!(parts[nparts++] = tps_strdup(e->valuestring)), ctx, TPS_E_NOMEM,
+                            "%s: out of memory", ipath);
+            }
+            TPS_FAIL_IF(p > UINT32_MAX, ctx, TPS_E_INDEX, "%s: too many parts", ipath);
+            ent[k].part = (uint32_t)p;
+            last = p;
         }
     }
-    TPS_FAIL_IF(ck->nfiles == 0, ctx, TPS_E_INDEX, "%s: weight_map is empty", ipath);
+    const cJSON *ts = cJSON_IsObject(meta) ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
+    int has_total = cJSON_IsNumber(ts);
+    double total = has_total ? ts->valuedouble : 0;
+    cJSON_Delete(idx);
+    idx = NULL;
+    tps_heap_release();
+    /* Open each named part once, in first-mention order. */
+    for (size_t p = 0; p < nparts; p++) {
+        char *pp = tps_path_join(ck->dir, parts[p]);
+        int there = pp && tps_exists(pp);
+        free(pp);
+        if (!there) {
+            size_t k = 0;
+            while (k + 1 < nent && ent[k].part != p) k++;
+            TPS_FAIL_IF(1, ctx, TPS_E_INDEX, "%s: part '%s' (holding '%s') is missing", ipath,
+                        parts[p], ent[k].name);
+        }
+        size_t fi;
+        TPS_CHECK(tps_ck_add_file(ctx, ck, parts[p], &fi));
+        TPS_CHECK(tps_ck_add_file_tensors(ctx, ck, fi));
+    }
     TPS_CHECK(tps_ck_sort_and_dedup(ctx, ck));
     /* Every tensor in the file the map names, and nothing unmapped: each map
-     * entry found by bisection (the table is sorted now), not each tensor
-     * looked up in the map, which cJSON searches linearly (quadratic at
-     * DeepSeek-V3's 92k tensors: 40 s). */
-    const cJSON **of = tps_xcalloc(ck->n ? ck->n : 1, sizeof *of);
-    TPS_FAIL_IF(!of, ctx, TPS_E_NOMEM, "%s: out of memory", ipath);
-    size_t mapped = 0;
-    for (const cJSON *e = wm->child; e; e = e->next) {
-        int i = tps_ckpt_find(ck, e->string);
-        if (i >= 0) of[i] = e;
-        mapped++;
+     * entry found by bisection (the table is sorted now). */
+    {
+        int32_t *of = tps_xmalloc((ck->n ? ck->n : 1) * sizeof *of);
+        TPS_FAIL_IF(!of, ctx, TPS_E_NOMEM, "%s: out of memory", ipath);
+        for (size_t i = 0; i < ck->n; i++) of[i] = -1;
+        size_t mapped = 0;
+        for (size_t k = 0; k < nent; k++) {
+            int i = tps_ckpt_find(ck, ent[k].name);
+            if (i >= 0) of[i] = (int32_t)ent[k].part;
+            mapped++;
+        }
+        for (size_t i = 0; i < ck->n && rc == TPS_OK; i++) {
+            if (of[i] < 0)
+                rc = tps_fail(ctx, TPS_E_INDEX,
+                              "%s: tensor '%s' is in %s but not in the index's weight_map", ipath,
+                              ck->t[i].name, ck->t[i].origin);
+            else if (strcmp(parts[of[i]], ck->t[i].origin) != 0)
+                rc = tps_fail(ctx, TPS_E_INDEX,
+                              "%s: tensor '%s' is in %s but the index puts it in %s (tensor in "
+                              "wrong part)",
+                              ipath, ck->t[i].name, ck->t[i].origin, parts[of[i]]);
+        }
+        free(of);
+        if (rc != TPS_OK) goto out;
+        if (mapped != ck->n) {
+            for (size_t k = 0; k < nent; k++)
+                TPS_FAIL_IF(tps_ckpt_find(ck, ent[k].name) < 0, ctx, TPS_E_INDEX,
+                            "%s: tensor '%s' is mapped to %s but that file does not hold it",
+                            ipath, ent[k].name, parts[ent[k].part]);
+        }
     }
-    for (size_t i = 0; i < ck->n && rc == TPS_OK; i++) {
-        const cJSON *e = of[i];
-        if (!e)
-            rc = tps_fail(ctx, TPS_E_INDEX, "%s: tensor '%s' is in %s but not in the index's weight_map",
-                          ipath, ck->t[i].name, ck->t[i].origin);
-        else if (strcmp(e->valuestring, ck->t[i].origin) != 0)
-            rc = tps_fail(ctx, TPS_E_INDEX,
-                          "%s: tensor '%s' is in %s but the index puts it in %s (tensor in wrong part)",
-                          ipath, ck->t[i].name, ck->t[i].origin, e->valuestring);
-    }
-    free(of);
-    if (rc != TPS_OK) goto out;
-    if (mapped != ck->n) {
-        for (const cJSON *e = wm->child; e; e = e->next)
-            TPS_FAIL_IF(tps_ckpt_find(ck, e->string) < 0, ctx, TPS_E_INDEX,
-                        "%s: tensor '%s' is mapped to %s but that file does not hold it", ipath,
-                        e->string, e->valuestring);
-    }
-    const cJSON *ts = cJSON_IsObject(meta) ? cJSON_GetObjectItemCaseSensitive(meta, "total_size") : NULL;
-    if (cJSON_IsNumber(ts)) {
+    if (has_total) {
         uint64_t sum = 0;
         for (size_t i = 0; i < ck->n; i++) sum += ck->t[i].nbytes;
-        if ((double)sum != ts->valuedouble)
+        if ((double)sum != total)
             tps_log(ctx, TPS_LOG_WARN, "%s: metadata.total_size is %.0f but the tensors hold %llu bytes",
-                    ipath, ts->valuedouble, (unsigned long long)sum);
+                    ipath, total, (unsigned long long)sum);
     }
 out:
     cJSON_Delete(idx);
+    free(ent);
+    free(names);
+    for (size_t p = 0; p < nparts; p++) free(parts[p]);
+    free(parts);
     return rc;
 }

@@ -951,6 +951,10 @@ static tps_err open_sharded_text(tps_ctx *ctx, tps_ckpt *ck, const char *mpath, 
     TPS_CHECK(read_untie(ctx, ck, mpath));
     TPS_CHECK(check_seen(ctx, ck, &S));
 out:
+    /* the set that kept each string once: only the reading needed it */
+    free(ck->str_set);
+    ck->str_set = NULL;
+    ck->nstr_set = ck->cap_str_set = 0;
     tps_js_iter_free(&S.it);
     for (size_t fi = 0; S.seen && fi < ck->nfiles; fi++) free(S.seen[fi]);
     free(S.seen);

@@ -104,6 +104,25 @@ static void shape_str(const tps_ctensor *t, char *buf, size_t len)
     if (o < len) snprintf(buf + o, len - o, "]");
 }
 
+/* The header text of source file `name` as c holds it, as its CRC32 and
+ * length (the text itself may be let go by now:
+ * tps_ckpt_release_origin_headers); 0 when c has none. */
+static int header_sum(const tps_ckpt *c, const char *name, struct tps_hsum *out)
+{
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(c->origin_header, name);
+    if (cJSON_IsString(h)) {
+        size_t n = strlen(h->valuestring);
+        *out = (struct tps_hsum){tps_crc32(0, h->valuestring, n), n, 1};
+        return 1;
+    }
+    for (size_t k = 0; c->origin_hsum && k < c->norigins; k++)
+        if (c->origin_hsum[k].gone && !strcmp(c->origins[k], name)) {
+            *out = c->origin_hsum[k];
+            return 1;
+        }
+    return 0;
+}
+
 tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src)
 {
     /* One source file each side (split model.safetensors, verify a copy
@@ -161,9 +180,9 @@ tps_err tps_prov_source(tps_ctx *ctx, const tps_ckpt *ck, const tps_ckpt *src)
         if (origin_size(ck, name, &want) && origin_size(src, sname, &got) && want != got)
             NOT_SPLIT_FROM("%s is %llu bytes, the manifest records %llu", sname,
                            (unsigned long long)got, (unsigned long long)want);
-        const cJSON *h0 = cJSON_GetObjectItemCaseSensitive(ck->origin_header, name);
-        const cJSON *h1 = cJSON_GetObjectItemCaseSensitive(src->origin_header, sname);
-        if (cJSON_IsString(h0) && cJSON_IsString(h1) && strcmp(h0->valuestring, h1->valuestring))
+        struct tps_hsum a, b;
+        if (header_sum(ck, name, &a) && header_sum(src, sname, &b) &&
+            (a.len != b.len || a.crc != b.crc))
             NOT_SPLIT_FROM("the header of %s (its __metadata__ or tensor offsets) differs from the "
                            "one the manifest records",
                            sname);
