@@ -264,6 +264,8 @@ void tps_layout_free(tps_layout *L)
 
 void tps_layout_drop_tables(tps_layout *L)
 {
+    free(L->p); /* the tensors' places: what a pass's manifest entries say */
+    L->p = NULL;
     free(L->rt);
     free(L->pieces);
     free(L->regions);

@@ -168,6 +168,17 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
     tps_region_geom(C->ck, &tmp, &outer, &row, &s, &l);
     tmp.nbytes = outer * l;
     size_t prev = C->last[src];
+    /* DTensor's rows along a dim are torch.chunk's: another rank's are never
+     * ours (empty ones aside, which are never shared), so no ghost need keep
+     * them; one unlinked ghost stands for them all (16 bytes a rank and tensor
+     * were 10 MB a pass at DeepSeek-V3's size). A layout file's can be (KV
+     * heads on several ranks) and keep theirs. */
+    int unseen = ghost && dim >= 0 && !L->spec;
+    if (unseen && C->gh_none) {
+        *out = GHOST | (C->gh_none - 1);
+        *fresh = 1;
+        return TPS_OK;
+    }
     if (ghost) {
         if (C->ngh == C->cap_gh) {
             size_t cap = C->cap_gh ? C->cap_gh * 2 : 256;
@@ -179,6 +190,13 @@ static tps_err region_of(cstate *C, size_t src, int dim, uint64_t lo, uint64_t h
         struct tps_ghost *h = &C->gh[C->ngh];
         *h = (struct tps_ghost){.lo = (uint32_t)lo, .hi = (uint32_t)hi, .dim = (int16_t)dim,
                                 .primary = 1};
+        if (unseen) { /* not in the tensor's chain */
+            h->next = GH_END;
+            C->gh_none = C->ngh + 1;
+            *out = GHOST | C->ngh++;
+            *fresh = 1;
+            return TPS_OK;
+        }
         h->next = prev == SIZE_MAX ? GH_END : prev & GHOST ? GH_BIT | (uint32_t)(prev & ~GHOST)
                                                           : (uint32_t)prev;
         C->last[src] = GHOST | C->ngh;

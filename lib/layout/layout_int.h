@@ -55,6 +55,7 @@ typedef struct {
     size_t ngh, cap_gh;
     unsigned char *placed; /* per source tensor: a piece of it on some rank */
     size_t last_ghost;     /* the ghost the last piece made, or SIZE_MAX */
+    size_t gh_none;        /* 1 + an unlinked ghost standing for regions no one keeps, or 0 */
     int last_replica;      /* the last piece added is a replica */
 } cstate;
 
