@@ -7,7 +7,7 @@
 
 const char usage_verify[] =
     "usage: tpshard verify DIR [--source MODEL] [--backend cpu|cuda|nccl] [--tensors GLOB] "
-    "[--seed N] [--batch N] [--nccl-id-file PATH] [--threads N] [--json]\n"
+    "[--seed N] [--batch N] [--tensors-per-pass N] [--nccl-id-file PATH] [--threads N] [--json]\n"
     "\n"
     "Proves that a tpshard output directory reproduces its source checkpoint.\n"
     "Reconstruction: every tensor gathered from the ranks' shards equals the source\n"
@@ -30,6 +30,9 @@ const char usage_verify[] =
     "                       is checked when all its tensors match\n"
     "  --seed N             seed of the random inputs (default 0)\n"
     "  --batch N            tokens per check, 1..256 (default 4)\n"
+    "  --tensors-per-pass N check about N tensors at a time, in name order, cut\n"
+    "                       between layers (default 2048): memory for N tensors'\n"
+    "                       checks, not every one's; the report is the same\n"
     "  --nccl-id-file PATH  nccl with one process per rank (RANK/WORLD_SIZE from the\n"
     "                       launcher): rank 0 writes the NCCL unique id there, the\n"
     "                       others wait for it (120 s)\n"
@@ -62,7 +65,7 @@ static void print_row(const tps_verify_row *r, int w)
 
 int cmd_verify(int argc, char **argv)
 {
-    enum { O_SOURCE = 256, O_BACKEND, O_TENSORS, O_SEED, O_BATCH, O_NCCL_ID, O_THREADS };
+    enum { O_SOURCE = 256, O_BACKEND, O_TENSORS, O_SEED, O_BATCH, O_NCCL_ID, O_THREADS, O_PASS };
     static const struct option opts[] = {
         {"source", required_argument, 0, O_SOURCE},
         {"backend", required_argument, 0, O_BACKEND},
@@ -70,6 +73,7 @@ int cmd_verify(int argc, char **argv)
         {"seed", required_argument, 0, O_SEED},
         {"batch", required_argument, 0, O_BATCH},
         {"nccl-id-file", required_argument, 0, O_NCCL_ID},
+        {"tensors-per-pass", required_argument, 0, O_PASS},
         {"threads", required_argument, 0, O_THREADS},
         {"json", no_argument, 0, 'j'},
         {"quiet", no_argument, 0, 'q'},
@@ -109,6 +113,10 @@ int cmd_verify(int argc, char **argv)
             o.batch = (int)v;
             break;
         case O_NCCL_ID: o.nccl_id_file = optarg; break;
+        case O_PASS:
+            if (cli_parse_int(usage_verify, "--tensors-per-pass", optarg, 1, 1L << 30, &v)) return 2;
+            o.tensors_per_pass = (size_t)v;
+            break;
         case O_THREADS:
             if (cli_parse_int(usage_verify, "--threads", optarg, 1, 4096, &threads)) return 2;
             break;

@@ -1409,13 +1409,14 @@ static inline void tps_tr_dims(const tps_ctensor *t, int dim, uint64_t lo, uint6
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
                                int pad, const tps_moe_backend *moe,
-                               const tps_style *styles, tps_layout **out);
+                               const tps_style *styles, const unsigned char *keep,
+                               tps_layout **out);
 /* A serving layout's rank tensors: padding reads as zeros, constants as
  * their values, every byte accounted for (check and verify). */
 tps_err tps_check_fills(tps_ctx *ctx, const tps_ckpt *ck);
 int tps_style_lookup(const char *name, tps_style *out); /* 0 ok, -1 unknown */
 
-/* L's rank tensors, pieces and regions let go (every rank then holds none):
+/* L's places, rank tensors, pieces and regions let go (every rank then holds none):
  * what stays is what the whole layout says (plan, spec, checks, dropped
  * tensors, padding, and a layout of some ranks' rank_bytes). */
 void tps_layout_drop_tables(tps_layout *L);

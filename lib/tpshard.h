@@ -579,6 +579,9 @@ typedef struct {
     uint64_t seed;
     int batch;                /* tokens per check, > 0 */
     const char *nccl_id_file; /* nccl multi-process bootstrap, or NULL */
+    /* tensors checked a pass at a time, in name order, cut between layers
+     * (0: 2048): the memory of that many tensors' checks, not every one's */
+    size_t tensors_per_pass;
 } tps_verify_opts;
 
 typedef struct {

@@ -519,13 +519,14 @@ out:
 tps_err tps_layout_from_styles(tps_ctx *ctx, const tps_ckpt *ck, const tps_plan *plan,
                                const tps_lspec *spec, int tp, int ep, int pp, const int *layers,
                                int pad, const tps_moe_backend *moe, const tps_style *styles,
-                               tps_layout **out)
+                               const unsigned char *keep, tps_layout **out)
 {
     *out = NULL;
     tps_err rc = TPS_OK;
     tps_layout *L = layout_alloc(ck, plan, spec, tp, ep);
     if (!L) return tps_fail(ctx, TPS_E_NOMEM, "out of memory");
     L->pad_mode = pad;
+    L->keep = keep;
     L->moe = moe ? moe : tps_moe_backend_find(TPS_MOE_BACKEND_DEFAULT);
     TPS_CHECK(tps_lc_pp_setup(ctx, L, pp, layers));
     for (size_t i = 0; i < ck->n; i++) {

@@ -58,7 +58,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static void vctx_free(vctx *V)
+/* This pass's units and blocks, let go when its tensors are finished. */
+static void free_units(vctx *V)
 {
     for (size_t i = 0; i < V->nu; i++) {
         vunit *u = &V->u[i];
@@ -71,6 +72,7 @@ static void vctx_free(vctx *V)
         free(u->pre);
         free(u->nk_note);
         pthread_mutex_destroy(&u->mu);
+        V->unit_of[u->t] = -1;
     }
     for (size_t i = 0; i < V->nblk; i++) {
         tps_vf_block_release(V, &V->blk[i]);
@@ -78,9 +80,23 @@ static void vctx_free(vctx *V)
     }
     free(V->blk);
     free(V->u);
-    free(V->unit_of);
     free(V->order);
+    V->blk = NULL;
+    V->u = NULL;
+    V->order = NULL;
+    V->nblk = V->blk_cap = V->nu = 0;
+    V->ntasks = V->next_final = 0;
+    atomic_store(&V->next, 0);
+}
+
+static void vctx_free(vctx *V)
+{
+    if (V->unit_of) free_units(V);
+    free(V->unit_of);
     free(V->local);
+    free(V->se);
+    for (size_t i = 0; i < V->nhn; i++) free(V->hn[i].note);
+    free(V->hn);
     tps_comm_free(V->comm);
     if (V->gpu) {
         char st[512];
@@ -89,11 +105,16 @@ static void vctx_free(vctx *V)
         tps_gpu_close(V->gpu);
     }
     tps_ckpt_free(V->src);
-    if (!V->lay) tps_quant_free(V->q);
-    tps_layout_free(V->lay);
+    tps_quant_free(V->q);
     tps_plan_free(V->plan);
     tps_layout_spec_free(V->spec);
-    free(V->lay_piece_rt);
+    for (size_t i = 0; V->lay_note && i < V->ck->n; i++) free(V->lay_note[i]);
+    free(V->lay_note);
+    free(V->lay_want);
+    if (V->R && V->R->lender) { /* the rows name the directory's tensors with its strings */
+        V->R->lent = tps_ckpt_take_strings(V->ck, &V->R->nlent);
+        V->R->lender = NULL;
+    }
     tps_ckpt_free(V->ck);
     pthread_mutex_destroy(&V->fin_mu);
     pthread_mutex_destroy(&V->err_mu);
@@ -108,6 +129,8 @@ static tps_err expect_layout(vctx *V)
     tps_ctx *ctx = V->ctx;
     const tps_ckpt *ck = V->ck;
     tps_err rc = TPS_OK;
+    tps_layout *L = NULL;
+    unsigned char *keep = NULL;
     tps_style *st = tps_xcalloc(ck->n ? ck->n : 1, sizeof *st);
     if (!st) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
     size_t nse = 0;
@@ -133,17 +156,38 @@ static tps_err expect_layout(vctx *V)
     /* MXFP4 experts: their shapes are the backend's the split used (the
      * manifest reader made sure it is one tpshard knows) */
     const tps_moe_backend *moe = ck->layout_moe ? tps_moe_backend_find(ck->layout_moe) : NULL;
-    TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
-                                     ck->stage_layers, ck->pad_intermediate, moe, st, &V->lay));
-    TPS_FAIL_IF(V->lay->rejected, ctx, TPS_E_MISMATCH,
-                "%s: layout %s would not write this model at tp %d: %s", ck->path,
-                V->spec->name, V->tp, V->lay->rejected);
-    V->lay_piece_rt = tps_xmalloc((V->lay->npieces ? V->lay->npieces : 1) * sizeof(int));
-    TPS_FAIL_IF(!V->lay_piece_rt, ctx, TPS_E_NOMEM, "verify: out of memory");
-    for (size_t k = 0; k < V->lay->nrt; k++)
-        for (size_t j = 0; j < V->lay->rt[k].npieces; j++)
-            V->lay_piece_rt[V->lay->rt[k].piece0 + j] = (int)k;
+    /* compiled for a few ranks at a time, as split does (tps_split_passes):
+     * every piece of the pass's ranks checked against it, then let go */
+    int nr = ck->nranks, per = tps_split_ranks_per_pass(ck, nr, ck->pp, 0);
+    V->serving = 1;
+    V->lay_note = tps_xcalloc(ck->n ? ck->n : 1, sizeof *V->lay_note);
+    V->lay_want = tps_xcalloc(ck->n ? ck->n : 1, sizeof *V->lay_want);
+    keep = per < nr ? tps_xcalloc((size_t)nr, 1) : NULL;
+    TPS_FAIL_IF(!V->lay_note || !V->lay_want || (per < nr && !keep), ctx, TPS_E_NOMEM,
+                "verify: out of memory");
+    for (int r0 = 0; r0 < nr; r0 += per) {
+        if (keep)
+            for (int r = 0; r < nr; r++) keep[r] = r >= r0 && r < r0 + per;
+        TPS_CHECK(tps_layout_from_styles(ctx, ck, V->plan, V->spec, ck->tp, ck->layout_ep, ck->pp,
+                                         ck->stage_layers, ck->pad_intermediate, moe, st, keep,
+                                         &L));
+        TPS_FAIL_IF(L->rejected, ctx, TPS_E_MISMATCH,
+                    "%s: layout %s would not write this model at tp %d: %s", ck->path,
+                    V->spec->name, V->tp, L->rejected);
+        TPS_CHECK(tps_va_layout_pass(V, L));
+        if (!V->q) { /* FP8 weights: the products dequantize them */
+            V->q = L->q;
+            L->q = NULL;
+        }
+        tps_layout_free(L);
+        L = NULL;
+    }
+    if (per < nr)
+        tps_log(ctx, TPS_LOG_INFO, "verify: layout %s compiled again in %d passes of %d rank%s",
+                V->spec->name, (nr + per - 1) / per, per, per == 1 ? "" : "s");
 out:
+    tps_layout_free(L);
+    free(keep);
     free(se);
     free(st);
     return rc;
@@ -222,14 +266,19 @@ static tps_err open_inputs(vctx *V)
     TPS_FAIL_IF(V->tp < 1, ctx, TPS_E_FORMAT, "%s: the manifest gives tp %d", o->dir, V->tp);
     TPS_CHECK(refuse_partial(ctx, V->ck, o->dir));
     if (V->ck->layout_target) TPS_CHECK(expect_layout(V));
-    /* FP8 weights: the products dequantize them (the layout has read it already) */
-    if (V->lay) V->q = V->lay->q;
-    else TPS_CHECK(tps_quant_open(ctx, V->ck, &V->q));
+    /* FP8 weights: the products dequantize them (a serving layout has read it already) */
+    if (!V->serving) TPS_CHECK(tps_quant_open(ctx, V->ck, &V->q));
+    /* the rank files' tables checked and let go before the source's are read */
+    TPS_CHECK(tps_va_header_notes(V));
+    /* the source headers the manifest holds: their CRC32s are enough now */
+    tps_ckpt_release_origin_headers(V->ck);
     if (o->source) {
-        TPS_CHECK(tps_ckpt_open(ctx, o->source, &V->src));
+        TPS_CHECK(tps_ckpt_open_lean(ctx, o->source, &V->src));
         /* another checkpoint than the one split: said first, not as a row per tensor */
         TPS_CHECK(tps_prov_source(ctx, V->ck, V->src));
         TPS_CHECK(tps_prov_source_sample(ctx, V->ck, V->src, SOURCE_SAMPLE));
+        /* read by the provenance checks alone */
+        tps_ckpt_release_origin_headers(V->src);
     }
 out:
     return rc;
@@ -265,26 +314,115 @@ out:
     return rc;
 }
 
-/* The tensors to check: a unit for each (packed tensors are checked on
- * their own, now), classified, paired into blocks and queued. */
-static tps_err build_units(vctx *V)
+/* Tensors are checked in passes of about VERIFY_PASS_TENSORS in name order
+ * (tps_verify_opts.tensors_per_pass): the units, their slots and blocks of
+ * one pass at a time, not of every tensor (92k of them, 70 MB, at
+ * DeepSeek-V3's size). */
+#define VERIFY_PASS_TENSORS 2048
+
+/* The text before name's first all-digit component ("model.layers." of
+ * "model.layers.12.mlp..."), its length, and the component's, or 0 when it
+ * has none. */
+static size_t layer_key(const char *name, size_t *klen)
+{
+    const char *c = name;
+    for (;;) {
+        const char *e = strchr(c, '.');
+        size_t n = e ? (size_t)(e - c) : strlen(c);
+        size_t d = 0;
+        while (d < n && c[d] >= '0' && c[d] <= '9') d++;
+        if (n && d == n) {
+            *klen = n;
+            return (size_t)(c - name);
+        }
+        if (!e) return *klen = 0, 0;
+        c = e + 1;
+    }
+}
+
+/* The verdict on the last stack prefix cut_between looked at. */
+typedef struct {
+    const char *p;
+    size_t len;
+    int ok;
+} cut_seen;
+
+/* A cut between tensors b - 1 and b (adjacent in name order) keeps every
+ * block whole: a block is the tensors of one prefix (verify_analysis.c),
+ * which lie together in name order. It is allowed between two layers of one
+ * stack ("model.layers.9." | "model.layers.10.") when no tensor of the
+ * prefix the two share lacks a layer number ("model.layers.mlp.gate_proj.weight"
+ * would share theirs and lie on either side). */
+static int cut_between(const tps_ckpt *ck, size_t b, cut_seen *cs)
+{
+    const char *x = ck->t[b - 1].name, *y = ck->t[b].name;
+    size_t kx, ky, px = layer_key(x, &kx), py = layer_key(y, &ky);
+    if (!kx || !ky || px != py || strncmp(x, y, px)) return 0;
+    if (kx == ky && !strncmp(x + px, y + py, kx)) return 0; /* the same layer */
+    if (cs->p && cs->len == px && !strncmp(cs->p, x, px)) return cs->ok;
+    /* the names with prefix x[0 .. px): a run around b in name order */
+    size_t lo = b, hi = b;
+    while (lo > 0 && !strncmp(ck->t[lo - 1].name, x, px)) lo--;
+    while (hi < ck->n && !strncmp(ck->t[hi].name, x, px)) hi++;
+    *cs = (cut_seen){x, px, 1};
+    for (size_t i = lo; i < hi && cs->ok; i++) {
+        size_t k;
+        layer_key(ck->t[i].name, &k);
+        cs->ok = k != 0;
+    }
+    return cs->ok;
+}
+
+/* Where the pass from tensor lo ends: at least want tensors on, at the
+ * first cut (cut_between) there, or the end. */
+static size_t pass_end(const tps_ckpt *ck, size_t lo, size_t want, cut_seen *cs)
+{
+    size_t b = lo + (want ? want : 1);
+    while (b < ck->n && !cut_between(ck, b, cs)) b++;
+    return b < ck->n ? b : ck->n;
+}
+
+/* Before the passes: what every pass shares (the manifest's styles, the
+ * rank files' headers checked, each tensor's pass unit), and the bytes to
+ * read for the progress line. */
+static tps_err prepare_units(vctx *V)
+{
+    tps_ctx *ctx = V->ctx;
+    size_t nt = V->ck->n;
+    V->unit_of = malloc(sizeof(int) * (nt ? nt : 1));
+    if (!V->unit_of) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (size_t i = 0; i < nt; i++) V->unit_of[i] = -1;
+    V->se = tps_va_style_index(V->ck, &V->nse);
+    if (!V->se) return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (size_t i = 0; i < nt; i++) {
+        const tps_ctensor *ct = &V->ck->t[i];
+        if (V->o->tensors_glob && fnmatch(V->o->tensors_glob, ct->name, 0) != 0) continue;
+        if (tps_vp_is_packed(V, i)) continue;
+        for (int p = 0; p < ct->npieces + ct->nreplicas; p++) {
+            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            if (pc->rank < V->tp && V->local[pc->rank]) V->total_bytes += pc->nbytes;
+        }
+    }
+    return TPS_OK;
+}
+
+/* The pass's tensors [lo, hi): a unit for each (packed tensors are checked
+ * on their own, now), classified, paired into blocks and queued. */
+static tps_err build_units(vctx *V, size_t lo, size_t hi)
 {
     tps_ctx *ctx = V->ctx;
     const tps_verify_opts *o = V->o;
     tps_err rc = TPS_OK;
-    style_ent *se = NULL;
-    size_t nse = 0;
-    size_t npacked = 0; /* packed tensors, checked on their own (verify_packed.c) */
-    size_t nt = V->ck->n;
+    size_t nt = hi - lo;
+    V->wlo = lo;
+    V->whi = hi;
     V->u = calloc(nt ? nt : 1, sizeof *V->u);
-    V->unit_of = malloc(sizeof(int) * (nt ? nt : 1));
-    TPS_FAIL_IF(!V->u || !V->unit_of, ctx, TPS_E_NOMEM, "verify: out of memory");
-    for (size_t i = 0; i < nt; i++) {
-        V->unit_of[i] = -1;
+    TPS_FAIL_IF(!V->u, ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (size_t i = lo; i < hi; i++) {
         if (o->tensors_glob && fnmatch(o->tensors_glob, V->ck->t[i].name, 0) != 0) continue;
         if (tps_vp_is_packed(V, i)) {
             TPS_CHECK(tps_vp_check(V, i));
-            npacked++;
+            V->npacked++;
             continue;
         }
         vunit *u = &V->u[V->nu];
@@ -293,20 +431,38 @@ static tps_err build_units(vctx *V)
         V->unit_of[i] = (int)V->nu++;
         TPS_CHECK(tps_va_analyze_unit(V, u));
     }
-    TPS_FAIL_IF(o->tensors_glob && V->nu == 0 && npacked == 0, ctx, TPS_E_ARG,
-                "verify: --tensors '%s' matches no tensor in %s", o->tensors_glob, o->dir);
-    se = tps_va_style_index(V->ck, &nse);
-    for (size_t i = 0; i < V->nu; i++) tps_va_classify(V, &V->u[i], se, nse);
+    V->nu_all += V->nu;
+    for (size_t i = 0; i < V->nu; i++) tps_va_classify(V, &V->u[i], V->se, V->nse);
     TPS_CHECK(tps_va_find_blocks(V));
     TPS_CHECK(tps_va_build_order(V));
-    for (size_t i = 0; i < V->nu; i++) {
-        const vunit *u = &V->u[i];
-        for (int r = 0; r < u->nslot; r++)
-            if (V->local[u->slot_rank[r]] && u->piece[r] >= 0)
-                V->total_bytes += tps_va_slot_piece(u, r)->nbytes;
-    }
 out:
-    free(se);
+    return rc;
+}
+
+/* One pass: its units built, their tasks run on the threads and finished in
+ * queue order, a source that is not the one split named, the units let go. */
+static tps_err run_pass(vctx *V, size_t lo, size_t hi, int nth)
+{
+    tps_ctx *ctx = V->ctx;
+    tps_err rc = TPS_OK;
+    TPS_CHECK(build_units(V, lo, hi));
+    if (V->nu) {
+        /* GPU slots are per thread: keep the team at the size given to the backend */
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nth)
+#endif
+        tps_vt_work(V);
+        tps_vf_drain(V);
+    }
+    if (atomic_load(&V->err)) {
+        rc = V->rc ? V->rc : TPS_E_INTERRUPTED;
+        goto out;
+    }
+    TPS_FAIL_IF(V->next_final != V->nu, ctx, TPS_E_IO, "verify: %zu tensors left unfinished",
+                V->nu - V->next_final);
+    if (V->src && !V->R->ok) TPS_CHECK(blame_source(V));
+out:
+    free_units(V);
     return rc;
 }
 
@@ -391,10 +547,10 @@ static tps_err check_stages(vctx *V)
         uint64_t rows = 0, failed = 0;
         int lo = ck->stage_first[s], hi = lo + ck->stage_layers[s];
         for (size_t k = 0; k < nrows; k++) {
-            int layer = tps_layer_of_name(R->rows[k].check);
+            int layer = tps_layer_of_name(tps_va_row(R, k)->check);
             if (layer < lo || layer >= hi) continue;
             rows++;
-            failed += !R->rows[k].ok;
+            failed += !tps_va_row(R, k)->ok;
         }
         char *name = tps_asprintf("stage %d: layers %d-%d on ranks %d-%d", s, lo, hi - 1, s * tp,
                                   s * tp + tp - 1);
@@ -439,34 +595,32 @@ tps_err tps_verify(tps_ctx *ctx, const tps_verify_opts *o, tps_verify_report **o
     R->ok = 1;
     V->R = R;
     TPS_CHECK(open_inputs(V));
+    if (V->ck->kind == TPS_SRC_SHARDED) R->lender = V->ck;
     int nth = tps_threads(ctx);
     if (nth < 1) nth = 1;
     TPS_CHECK(open_backend(V, nth));
-    TPS_CHECK(build_units(V));
+    TPS_CHECK(prepare_units(V));
     if (!V->src)
         tps_log(ctx, TPS_LOG_INFO,
                 "verify: no --source: checking CRC32s against the manifest; the "
                 "numeric checks need --source MODEL");
-
-    if (V->nu) {
-        /* GPU slots are per thread: keep the team at the size given to the backend */
-#ifdef _OPENMP
-#pragma omp parallel num_threads(nth)
-#endif
-        tps_vt_work(V);
-        tps_vf_drain(V);
+    {
+        cut_seen cs = {NULL, 0, 0};
+        size_t want = o->tensors_per_pass ? o->tensors_per_pass : VERIFY_PASS_TENSORS;
+        size_t npass = 0;
+        for (size_t lo = 0, hi; lo < V->ck->n; lo = hi, npass++) {
+            hi = pass_end(V->ck, lo, want, &cs);
+            TPS_CHECK(run_pass(V, lo, hi, nth));
+        }
+        tps_log(ctx, TPS_LOG_INFO, "verify: %zu tensors in %zu pass%s", V->ck->n, npass,
+                npass == 1 ? "" : "es");
     }
-    if (atomic_load(&V->err)) {
-        rc = V->rc ? V->rc : TPS_E_INTERRUPTED;
-        goto out;
-    }
-    TPS_FAIL_IF(V->next_final != V->nu, ctx, TPS_E_IO, "verify: %zu tensors left unfinished",
-                V->nu - V->next_final);
+    TPS_FAIL_IF(o->tensors_glob && V->nu_all == 0 && V->npacked == 0, ctx, TPS_E_ARG,
+                "verify: --tensors '%s' matches no tensor in %s", o->tensors_glob, o->dir);
     TPS_CHECK(check_rest(V));
     TPS_CHECK(tps_vd_check(V));
     TPS_CHECK(tps_vm_check(V));
     TPS_CHECK(check_stages(V));
-    if (V->src && !R->ok) TPS_CHECK(blame_source(V));
     if (V->gpu) {
         uint64_t bad = R->ok ? 0 : 1;
         TPS_CHECK(tps_gpu_sum_u64(ctx, V->gpu, &bad));

@@ -91,15 +91,14 @@ char *tps_va_placement_str(const vunit *u)
 
 /* The rank file's own header must hold the tensor where the manifest says,
  * with the manifest's dtype and the rank's local shape. NULL ok, else note. */
-char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc)
+static char *piece_header_note(const vctx *V, const tps_ctensor *ct, const tps_piece *pc)
 {
-    const tps_ctensor *ct = u->ct;
     const tps_cfile *f = &V->ck->files[pc->file];
     const tps_st *st = f->st;
     if (!st) return NULL;
     /* inside a fused or padded rank tensor: its name, dtype and room were
      * checked when the directory was opened */
-    if ((pc->holder && strcmp(pc->holder, ct->name)) || V->lay) return NULL;
+    if ((pc->holder && strcmp(pc->holder, ct->name)) || V->serving) return NULL;
     uint64_t begin = pc->off - st->data_start;
     size_t a = 0, b = st->n;
     while (a < b) {
@@ -118,7 +117,7 @@ char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *
                                 tps_dtype_name(ti->dtype), tps_dtype_name(ct->dtype));
         int shape_ok = ti->ndim == ct->ndim;
         for (int d = 0; shape_ok && d < ct->ndim; d++) {
-            uint64_t want = (d == u->dim) ? pc->hi - pc->lo : ct->shape[d];
+            uint64_t want = (d == ct->dim) ? pc->hi - pc->lo : ct->shape[d];
             if (ti->shape[d] != want) shape_ok = 0;
         }
         if (!shape_ok) return tps_asprintf("%s: local shape differs from the manifest", f->name);
@@ -131,23 +130,77 @@ char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *
     return tps_asprintf("%s: no tensor at the manifest's offset", f->name);
 }
 
-/* A serving layout's unit: its pieces on the present ranks must be exactly
- * the ones the layout (compiled again from the manifest's layout file,
- * config.json and the tensors' styles) puts there: rank, rows, replica or
- * not, the rank tensor holding them and the byte they start at. NULL when
- * they are, else the first difference. */
-char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
+static int hn_cmp(const void *a, const void *b)
 {
-    const tps_layout *L = V->lay;
-    const tps_ctensor *ct = u->ct;
-    size_t i = u->t, want = 0;
+    uintptr_t x = (uintptr_t)((const struct vhnote *)a)->pc;
+    uintptr_t y = (uintptr_t)((const struct vhnote *)b)->pc;
+    return x < y ? -1 : x > y;
+}
+
+char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc)
+{
+    if (!V->tables_dropped) return piece_header_note(V, u->ct, pc);
+    struct vhnote key = {pc, NULL};
+    const struct vhnote *h = V->nhn ? bsearch(&key, V->hn, V->nhn, sizeof key, hn_cmp) : NULL;
+    return h ? tps_strdup(h->note) : NULL;
+}
+
+/* Every piece of every tensor verify will read checked against its rank
+ * file's header now, the wrong ones kept with why, so that the files'
+ * tensor tables (a DTensor split's list every tensor on every rank: 37 MB
+ * at DeepSeek-V3's size) can go before the passes; gpt-oss's MXFP4 experts
+ * look their tensors up in them later and keep them. */
+tps_err tps_va_header_notes(vctx *V)
+{
+    const tps_ckpt *ck = V->ck;
+    size_t cap = 0;
+    for (size_t i = 0; i < ck->n; i++) {
+        const tps_ctensor *ct = &ck->t[i];
+        if (V->o->tensors_glob && fnmatch(V->o->tensors_glob, ct->name, 0) != 0) continue;
+        for (int p = 0; p < ct->npieces + ct->nreplicas; p++) {
+            const tps_piece *pc = p < ct->npieces ? &ct->pieces[p] : &ct->replicas[p - ct->npieces];
+            char *why = piece_header_note(V, ct, pc);
+            if (!why) continue;
+            if (V->nhn == cap) {
+                size_t nc = cap ? 2 * cap : 16;
+                struct vhnote *nh = realloc(V->hn, nc * sizeof *nh);
+                if (!nh) {
+                    free(why);
+                    return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+                }
+                V->hn = nh;
+                cap = nc;
+            }
+            V->hn[V->nhn++] = (struct vhnote){pc, why};
+        }
+    }
+    if (V->nhn > 1) qsort(V->hn, V->nhn, sizeof *V->hn, hn_cmp);
+    int mxfp4 = V->o->source && V->serving && V->q && V->q->m == &tps_qm_mxfp4;
+    if (!mxfp4) {
+        tps_ckpt_drop_file_tables(V->ck);
+        V->tables_dropped = 1;
+    }
+    return TPS_OK;
+}
+
+/* A serving layout's tensors: their pieces on the present ranks must be
+ * exactly the ones the layout (compiled again from the manifest's layout
+ * file, config.json and the tensors' styles) puts there: rank, rows, replica
+ * or not, the rank tensor holding them and the byte they start at. L is
+ * compiled for some ranks (its keep mask: verify.c's expect_layout, a pass
+ * of ranks at a time) and holds their pieces only; each tensor's first
+ * difference is kept in V->lay_note, the pieces L puts on the present ranks
+ * counted in V->lay_want (tps_va_layout_note compares the count). */
+static char *layout_mismatch(vctx *V, const tps_layout *L, const int *prt, size_t i)
+{
+    const tps_ctensor *ct = &V->ck->t[i];
     for (size_t k = L->src_piece0[i]; k < L->src_piece0[i + 1]; k++) {
         size_t pi = L->src_pieces[k];
         const tps_lpiece *lp = &L->pieces[pi];
         const tps_region *g = &L->regions[lp->region];
         if (V->ck->rank_present && !V->ck->rank_present[lp->rank]) continue;
-        want++;
-        const tps_rtensor *lrt = &L->rt[V->lay_piece_rt[pi]];
+        V->lay_want[i]++;
+        const tps_rtensor *lrt = &L->rt[prt[pi]];
         const char *holder = lrt->name;
         int rep = lp->replica && g->dim >= 0, found = 0;
         /* a strided piece's runs too: the holder's shape (an MXFP4 expert's
@@ -166,19 +219,41 @@ char *tps_va_layout_mismatch(const vctx *V, const vunit *u)
             return g->dim >= 0
                        ? tps_asprintf("layout %s puts rows [%llu, %llu) of it on rank %d%s, inside "
                                       "'%s' at byte %llu%s; the manifest does not",
-                                      V->lay->spec->name, (unsigned long long)g->lo,
+                                      V->spec->name, (unsigned long long)g->lo,
                                       (unsigned long long)g->hi, lp->rank, rep ? " (a replica)" : "",
                                       holder, (unsigned long long)lp->at,
                                       lrun ? " in runs of its bytes"
                                            : ltr ? " transposed" : "")
                        : tps_asprintf("layout %s puts all of it on rank %d as '%s'; the manifest "
                                       "does not",
-                                      V->lay->spec->name, lp->rank, holder);
+                                      V->spec->name, lp->rank, holder);
     }
-    if (want != (size_t)(ct->npieces + ct->nreplicas))
+    return NULL;
+}
+
+tps_err tps_va_layout_pass(vctx *V, const tps_layout *L)
+{
+    int *prt = tps_xmalloc((L->npieces ? L->npieces : 1) * sizeof *prt);
+    if (!prt) return tps_fail(V->ctx, TPS_E_NOMEM, "verify: out of memory");
+    for (size_t k = 0; k < L->nrt; k++)
+        for (size_t j = 0; j < L->rt[k].npieces; j++) prt[L->rt[k].piece0 + j] = (int)k;
+    for (size_t i = 0; i < V->ck->n; i++) {
+        if (V->lay_note[i]) continue; /* an earlier pass's ranks differ already */
+        V->lay_note[i] = layout_mismatch(V, L, prt, i);
+    }
+    free(prt);
+    return TPS_OK;
+}
+
+/* Unit u's difference from the layout (V->lay_note, a copy), or NULL. */
+char *tps_va_layout_note(const vctx *V, const vunit *u)
+{
+    const tps_ctensor *ct = u->ct;
+    if (V->lay_note[u->t]) return tps_strdup(V->lay_note[u->t]);
+    if (V->lay_want[u->t] != (uint32_t)(ct->npieces + ct->nreplicas))
         return tps_asprintf("the manifest lists %d pieces of it on the ranks present, layout %s "
-                            "puts %zu there",
-                            ct->npieces + ct->nreplicas, V->lay->spec->name, want);
+                            "puts %u there",
+                            ct->npieces + ct->nreplicas, V->spec->name, V->lay_want[u->t]);
     return NULL;
 }
 
@@ -234,10 +309,10 @@ static int unit_placement(vctx *V, vunit *u, char *miss, size_t msz, size_t *ml)
         }
         u->piece[pc->rank] = p;
     }
-    if (V->lay) {
+    if (V->serving) {
         /* a serving layout: the pieces must be where the layout puts them;
          * a rank's own rows are then its piece's */
-        char *why = tps_va_layout_mismatch(V, u);
+        char *why = tps_va_layout_note(V, u);
         if (why) {
             u->pre = why;
             return 1;

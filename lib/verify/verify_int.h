@@ -34,9 +34,24 @@
 #define HAVE_DOT_BF16 1
 #endif
 
+/* Rows in blocks of ROWS_BLK (a DeepSeek-V3-sized verify has 190k: no
+ * doubling array), their check names and kinds in the report's own string
+ * store, a name once for the rows of one tensor that follow each other, a
+ * kind once. */
+#define ROWS_BLK 1024
 struct tps_verify_report {
-    tps_verify_row *rows;
-    size_t n, cap;
+    tps_verify_row **blk;
+    size_t n, nblk, cap_blk;
+    char **str_chunks;
+    size_t nstr_chunks, str_left;
+    char *str_next;
+    const char *kinds[32];
+    size_t nkinds;
+    /* verify's directory, while it is open: rows name its tensors with its
+     * own strings, which the report takes over when it closes (lent) */
+    const tps_ckpt *lender;
+    char **lent;
+    size_t nlent;
     int ok;
     char *backend;
     double seconds;
@@ -128,6 +143,11 @@ struct vunit {
 };
 
 typedef struct {
+    const char *name;
+    const char *style;
+} style_ent;
+
+typedef struct {
     unsigned char *src, *sh, *cmp; /* cmp: a rank's rows of one cache-sized step */
     size_t src_cap, sh_cap, cmp_cap;
     char *same; /* per rank: its rows in this task equal the source's */
@@ -145,16 +165,30 @@ typedef struct {
     tps_comm *comm;
     tps_gpu *gpu;
     tps_quant *q;         /* the directory's quantization, or NULL */
-    tps_layout *lay;      /* a serving layout, compiled again from the manifest */
+    /* A serving layout, compiled again from the manifest in passes of ranks
+     * (expect_layout): for each tensor, why its pieces are not where the
+     * layout puts them (NULL: they are), and how many the layout puts on the
+     * ranks present */
+    int serving;
+    char **lay_note;
+    uint32_t *lay_want;
     tps_plan *plan;       /* its plan, as recorded */
     tps_layout_spec *spec;
-    int *lay_piece_rt;    /* rank tensor of each of lay's pieces */
     unsigned char *local;
     int is_root, want_ref;
     int batch;
-    vunit *u;
+    vunit *u;     /* this pass's units: tensors [wlo, whi) of ck */
     size_t nu;
-    int *unit_of; /* ck index -> unit or -1 */
+    size_t wlo, whi;
+    size_t nu_all, npacked; /* units and packed tensors of every pass so far */
+    int *unit_of; /* ck index -> unit of this pass or -1 */
+    /* the rank files' headers checked once for every piece (tps_va_header_notes)
+     * before their tables are let go: the pieces whose entry is wrong, why */
+    struct vhnote { const tps_piece *pc; char *note; } *hn;
+    size_t nhn;
+    int tables_dropped;
+    style_ent *se; /* the manifest's styles by name (tps_va_style_index) */
+    size_t nse;
     vunit **order;
     vblock *blk;
     size_t nblk, blk_cap;
@@ -170,14 +204,14 @@ typedef struct {
     tps_verify_report *R;
 } vctx;
 
-typedef struct {
-    const char *name;
-    const char *style;
-} style_ent;
 
 /* ------------------------------------------------------------------ functions */
 
-void tps_va_row_free(tps_verify_row *r);
+/* Row i of R (i < R->n). */
+static inline tps_verify_row *tps_va_row(const tps_verify_report *R, size_t i)
+{
+    return &R->blk[i / ROWS_BLK][i % ROWS_BLK];
+}
 /* verify_scales.c: small tensors read whole as f32, an FP8 weight's scales */
 tps_err tps_vs_read_f32(vctx *V, tps_ckpt *ck, size_t t, int piece, uint64_t nel,
                         float *dst);
@@ -217,7 +251,9 @@ const char *tps_va_style_of(const style_ent *v, size_t n, const char *name);
 int tps_va_style_is(const char *s, tps_style st, const char *alias1, const char *alias2);
 char *tps_va_placement_str(const vunit *u);
 char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc);
-char *tps_va_layout_mismatch(const vctx *V, const vunit *u);
+tps_err tps_va_header_notes(vctx *V);
+tps_err tps_va_layout_pass(vctx *V, const tps_layout *L);
+char *tps_va_layout_note(const vctx *V, const vunit *u);
 tps_err tps_va_analyze_unit(vctx *V, vunit *u);
 void tps_va_classify(vctx *V, vunit *u, const style_ent *se, size_t nse);
 char *tps_va_check_bias(vctx *V, vunit *u);

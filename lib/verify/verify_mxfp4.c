@@ -418,7 +418,7 @@ static tps_err check_down(vctx *V, const proj *P, uint64_t *seed)
 tps_err tps_vm_check(vctx *V)
 {
     const tps_quant *q = V->q;
-    if (!V->src || !V->lay || !V->lay->spec || !q || q->m != &tps_qm_mxfp4) return TPS_OK;
+    if (!V->src || !V->serving || !q || q->m != &tps_qm_mxfp4) return TPS_OK;
     uint64_t seed = 0x2545F4914F6CDD1Dull;
     static const char leaf[] = "gate_up_proj" TPS_MXFP4_BLOCKS;
     for (size_t i = 0; i < V->ck->n; i++) {

@@ -24,7 +24,7 @@
 int tps_vp_is_packed(const vctx *V, size_t i)
 {
     const tps_ctensor *ct = &V->ck->t[i];
-    if (!V->lay || ct->dim < 0 || ct->npieces < 2) return 0;
+    if (!V->serving || ct->dim < 0 || ct->npieces < 2) return 0;
     for (int a = 0; a < ct->npieces; a++)
         for (int b = a + 1; b < ct->npieces; b++)
             if (ct->pieces[a].rank == ct->pieces[b].rank) return 1;
@@ -224,7 +224,7 @@ tps_err tps_vp_check(vctx *V, size_t i)
     char *note = NULL;
     int absent = 0;
     vunit tmp = {.t = i, .ct = ct};
-    char *why = tps_va_layout_mismatch(V, &tmp);
+    char *why = tps_va_layout_note(V, &tmp);
     if (why) {
         if (tps_va_rep_add(V->R, ct->name, "reconstruct", 0, 0, ct->nbytes, ct->nbytes, 0, why))
             return tps_fail(ctx, TPS_E_NOMEM, "verify: out of memory");

@@ -8,18 +8,17 @@
 /* ------------------------------------------------------------------ report */
 
 
-void tps_va_row_free(tps_verify_row *r)
-{
-    free((char *)r->check);
-    free((char *)r->kind);
-    free((char *)r->note);
-}
-
 void tps_verify_report_free(tps_verify_report *r)
 {
     if (!r) return;
-    for (size_t i = 0; i < r->n; i++) tps_va_row_free(&r->rows[i]);
-    free(r->rows);
+    for (size_t i = 0; i < r->n; i++) free((char *)tps_va_row(r, i)->note);
+    for (size_t b = 0; b < r->nblk; b++) free(r->blk[b]);
+    free(r->blk);
+    for (size_t c = 0; c < r->nstr_chunks; c++) free(r->str_chunks[c]);
+    free(r->str_chunks);
+    for (size_t k = 0; k < r->nkinds; k++) free((char *)r->kinds[k]);
+    for (size_t c = 0; c < r->nlent; c++) free(r->lent[c]);
+    free(r->lent);
     free(r->backend);
     free(r);
 }
@@ -29,7 +28,7 @@ size_t tps_verify_report_count(const tps_verify_report *r)
 }
 const tps_verify_row *tps_verify_report_row(const tps_verify_report *r, size_t i)
 {
-    return r && i < r->n ? &r->rows[i] : NULL;
+    return r && i < r->n ? tps_va_row(r, i) : NULL;
 }
 int tps_verify_report_ok(const tps_verify_report *r)
 {
@@ -66,33 +65,72 @@ tps_err tps_backend_runtime_info(char *buf, size_t len)
     return tps_gpu_runtime_info(buf, len);
 }
 
+/* s kept in R's string store (NULL out of memory). */
+static const char *rep_keep(tps_verify_report *R, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    if (n > R->str_left) {
+        size_t sz = n > (64u << 10) ? n : (64u << 10);
+        char **nc = realloc(R->str_chunks, (R->nstr_chunks + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        R->str_chunks = nc;
+        if (!(nc[R->nstr_chunks] = malloc(sz))) return NULL;
+        R->str_next = nc[R->nstr_chunks++];
+        R->str_left = sz;
+    }
+    char *d = R->str_next;
+    memcpy(d, s, n);
+    R->str_next += n;
+    R->str_left -= n;
+    return d;
+}
+
 /* Takes ownership of note (may be NULL). 0 ok, -1 out of memory. */
 int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, double err,
                    double tol, uint64_t wrong, uint64_t total, int ok, char *note)
 {
-    if (R->n == R->cap) {
-        size_t nc = R->cap ? R->cap * 2 : 64;
-        tps_verify_row *nr = realloc(R->rows, nc * sizeof *nr);
-        if (!nr) {
+    if (R->n == R->nblk * ROWS_BLK) {
+        if (R->nblk == R->cap_blk) {
+            size_t nc = R->cap_blk ? R->cap_blk * 2 : 16;
+            tps_verify_row **nb = realloc(R->blk, nc * sizeof *nb);
+            if (!nb) {
+                free(note);
+                return -1;
+            }
+            R->blk = nb;
+            R->cap_blk = nc;
+        }
+        if (!(R->blk[R->nblk] = malloc(ROWS_BLK * sizeof(tps_verify_row)))) {
             free(note);
             return -1;
         }
-        R->rows = nr;
-        R->cap = nc;
+        R->nblk++;
     }
-    tps_verify_row *r = &R->rows[R->n];
-    r->check = tps_strdup(check);
-    r->kind = tps_strdup(kind);
+    const char *ck = NULL, *kd = NULL;
+    if (R->n && !strcmp(tps_va_row(R, R->n - 1)->check, check))
+        ck = tps_va_row(R, R->n - 1)->check; /* the tensor's rows, one after another */
+    else if (R->lender && tps_ckpt_keeps_string(R->lender, check))
+        ck = check; /* the directory's: the report takes its strings over (verify.c) */
+    else
+        ck = rep_keep(R, check);
+    for (size_t k = 0; k < R->nkinds && !kd; k++)
+        if (!strcmp(R->kinds[k], kind)) kd = R->kinds[k];
+    if (!kd && R->nkinds < sizeof R->kinds / sizeof R->kinds[0] && (kd = tps_strdup(kind)))
+        R->kinds[R->nkinds++] = kd;
+    if (!kd) kd = rep_keep(R, kind);
+    if (!ck || !kd) {
+        free(note);
+        return -1;
+    }
+    tps_verify_row *r = tps_va_row(R, R->n);
+    r->check = ck;
+    r->kind = kd;
     r->max_abs_err = err;
     r->tolerance = tol;
     r->wrong = wrong;
     r->total = total;
     r->ok = ok;
     r->note = note;
-    if (!r->check || !r->kind) {
-        tps_va_row_free(r);
-        return -1;
-    }
     R->n++;
     if (!ok) R->ok = 0;
     return 0;
@@ -104,7 +142,7 @@ size_t tps_verify_report_kinds(const tps_verify_report *R, tps_verify_kind_count
     size_t nk = 0;
     *passed = *failed = 0;
     for (size_t i = 0; i < R->n; i++) {
-        const tps_verify_row *r = &R->rows[i];
+        const tps_verify_row *r = tps_va_row(R, i);
         if (r->ok) ++*passed;
         else ++*failed;
         size_t k;

@@ -579,6 +579,7 @@ def merge(dir: PathLike, output: PathLike, *, force: bool = False,
 def verify(dir: PathLike, *, source: Optional[PathLike] = None, backend: str = "cpu",
            tensors: Optional[str] = None, seed: int = 0, batch: int = 4,
            nccl_id_file: Optional[PathLike] = None, threads: Optional[int] = None,
+           tensors_per_pass: Optional[int] = None,
            progress: Optional[Progress] = None) -> Dict[str, Any]:
     """Prove that a split directory reproduces its source
     (``tpshard verify DIR --source MODEL --json``).
@@ -605,6 +606,9 @@ def verify(dir: PathLike, *, source: Optional[PathLike] = None, backend: str = "
         nccl_id_file: backend "nccl" with one process per rank: where rank 0
             writes the NCCL unique id.
         threads: worker threads; default: all cores.
+        tensors_per_pass: check about this many tensors at a time, in name
+            order, cut between layers (default 2048): memory for that many
+            tensors' checks; the checks are the same.
         progress: progress(done, total, tensor), as for split().
 
     Returns:
@@ -626,13 +630,16 @@ def verify(dir: PathLike, *, source: Optional[PathLike] = None, backend: str = "
     batch = _count(batch, "batch", 1, 256)
     if threads is not None:
         threads = _count(threads, "threads", 1, 4096)
+    per_pass = 0 if tensors_per_pass is None else _count(tensors_per_pass, "tensors_per_pass", 1,
+                                                         2**30)
     with _Call(threads=threads, progress=progress) as c:
         opts = _lib.VerifyOpts(
             dir=_path(dir, "dir"), source=None if source is None else _path(source, "source"),
             backend=_lib.BACKENDS[backend],
             tensors_glob=None if tensors is None else str(tensors).encode(),
             seed=seed, batch=batch,
-            nccl_id_file=None if nccl_id_file is None else _path(nccl_id_file, "nccl_id_file"))
+            nccl_id_file=None if nccl_id_file is None else _path(nccl_id_file, "nccl_id_file"),
+            tensors_per_pass=per_pass)
         report = c.handle(lib.tps_verify, ctypes.byref(opts), free=lib.tps_verify_report_free)
         return c.doc(lib.tps_verify_json, ctypes.byref(opts), report)
 

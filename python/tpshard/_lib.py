@@ -40,7 +40,7 @@ class MergeOpts(Structure):
 class VerifyOpts(Structure):
     _fields_ = [("dir", c_char_p), ("source", c_char_p), ("backend", c_int),
                 ("tensors_glob", c_char_p), ("seed", c_uint64), ("batch", c_int),
-                ("nccl_id_file", c_char_p)]
+                ("nccl_id_file", c_char_p), ("tensors_per_pass", c_size_t)]
 
 
 STRUCTS = {"tps_split_opts": SplitOpts, "tps_split_result": SplitResult,

@@ -233,7 +233,7 @@ run tps verify "$L" --backend tpu
 run tps verify "$L" --batch 0
 [ "$RC" = 2 ] && ok "verify: --batch 0 is a usage error" || notok "--batch 0: exit $RC"
 run tps verify -h
-if [ "$RC" = 0 ] && [ "$(head -n 1 "$OUT")" = "usage: tpshard verify DIR [--source MODEL] [--backend cpu|cuda|nccl] [--tensors GLOB] [--seed N] [--batch N] [--nccl-id-file PATH] [--threads N] [--json]" ]; then
+if [ "$RC" = 0 ] && [ "$(head -n 1 "$OUT")" = "usage: tpshard verify DIR [--source MODEL] [--backend cpu|cuda|nccl] [--tensors GLOB] [--seed N] [--batch N] [--tensors-per-pass N] [--nccl-id-file PATH] [--threads N] [--json]" ]; then
   ok "verify -h prints the synopsis on stdout"
 else notok "verify -h"; diag "$OUT"; fi
 if tps --version 2>/dev/null | grep -q '^backends: cpu$'; then

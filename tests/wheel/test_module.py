@@ -411,6 +411,9 @@ def _():
                       "--threads", 1)
         vd = vd or diff(untimed(tpshard.verify(d, seed=7, batch=2, tensors="*proj*", threads=1)),
                         untimed(want))
+        want, _ = cli("verify", d, "--source", c["model"], "--json", "--tensors-per-pass", 1)
+        vd = vd or diff(untimed(tpshard.verify(d, source=c["model"], tensors_per_pass=1)),
+                        untimed(want))
         out = os.path.join(TMP, "merged-" + c["name"])
         cout = os.path.join(TMP, "cmerged-" + c["name"])
         got = tpshard.merge(d, out)
@@ -487,6 +490,7 @@ def _():
              lambda: tpshard.split(m, 3, ranks=[5]), lambda: tpshard.split(m, 3, max_part_size="x"),
              lambda: tpshard.split(m, 3, plan="p.yaml", family="llama"),
              lambda: tpshard.verify(m, backend="tpu"), lambda: tpshard.verify(m, batch=0),
+             lambda: tpshard.verify(m, tensors_per_pass=0),
              lambda: tpshard.split(os.path.join(CONF, "qwen3-tp2-tied", "model"), 2, untie=True,
                                    layout="vllm"),
              lambda: tpshard.plan(m)]
