@@ -158,6 +158,21 @@ typedef struct {
 uint64_t *tps_u64_take(tps_u64_chunks *c, size_t n);
 void tps_u64_chunks_free(tps_u64_chunks *c); /* and zeroes it */
 
+/* Strings that never move, copied into chunks of TPS_STR_CHUNK (one of its
+ * own for a longer string): a name a block is 32 to 64 bytes of malloc, a
+ * DeepSeek-V3 checkpoint has 92k of them. */
+#define TPS_STR_CHUNK 65536
+typedef struct {
+    char **chunk;
+    size_t n, left;
+    char *next;
+} tps_str_chunks;
+/* A copy of s; NULL out of memory. */
+const char *tps_str_keep(tps_str_chunks *c, const char *s);
+/* Does s lie in one of c's chunks (the first TPS_STR_CHUNK bytes of it)? */
+int tps_str_chunks_has(const tps_str_chunks *c, const char *s);
+void tps_str_chunks_free(tps_str_chunks *c); /* and zeroes it */
+
 /* A growing NUL-terminated text; oom set (and nothing more kept) when an
  * allocation fails. Streamed (out set): the text goes to out in pieces of
  * about TPS_SB_PIECE bytes as it grows instead of all being kept (a DTensor
@@ -595,9 +610,7 @@ struct tps_ckpt {
     tps_piece **pools;  /* every tensor's pieces live in these */
     size_t npools;
     tps_u64_chunks shapes; /* the tensors' shapes */
-    char **str_chunks;  /* sharded dirs: the tensors' names and such, kept */
-    size_t nstr_chunks, str_left;
-    char *str_next;
+    tps_str_chunks strs; /* sharded dirs: the tensors' names and such, kept */
     /* the kept strings, each once (a manifest names a rank tensor or source
      * in every piece: 750k copies of 7k names at DeepSeek-V3's size):
      * open addressing, cap a power of two */
@@ -628,11 +641,10 @@ void tps_ckpt_drop_file_tables(tps_ckpt *ck);
  * restore: not for merge) or a source's (tps_ckpt_release_headers). 12 MB
  * for DeepSeek-V3's 92k tensors. */
 void tps_ckpt_release_origin_headers(tps_ckpt *ck);
-/* A sharded checkpoint's kept strings (its tensors' names among them): does
- * s lie in them? And handed over (*n of them, to free), ck's names then
+/* A sharded checkpoint's kept strings (its tensors' names among them)
+ * handed over to *out (to free with tps_str_chunks_free), ck's names then
  * dangling: for a caller about to free ck that keeps some of its names. */
-int tps_ckpt_keeps_string(const tps_ckpt *ck, const char *s);
-char **tps_ckpt_take_strings(tps_ckpt *ck, size_t *n);
+void tps_ckpt_take_strings(tps_ckpt *ck, tps_str_chunks *out);
 /* File i's header text read again after tps_ckpt_release_headers let it go
  * (*out malloc'd), refused when its bytes changed since the open. */
 tps_err tps_ckpt_file_header(tps_ctx *ctx, const tps_ckpt *ck, size_t i, char **out);

@@ -621,6 +621,42 @@ void tps_u64_chunks_free(tps_u64_chunks *c)
     memset(c, 0, sizeof *c);
 }
 
+const char *tps_str_keep(tps_str_chunks *c, const char *s)
+{
+    size_t n = strlen(s) + 1;
+    if (n > c->left) {
+        size_t cap = n > TPS_STR_CHUNK ? n : TPS_STR_CHUNK;
+        char **nc = realloc(c->chunk, (c->n + 1) * sizeof *nc);
+        if (!nc) return NULL;
+        c->chunk = nc;
+        if (!(nc[c->n] = malloc(cap))) return NULL;
+        c->next = nc[c->n++];
+        c->left = cap;
+    }
+    char *d = c->next;
+    memcpy(d, s, n);
+    c->next += n;
+    c->left -= n;
+    return d;
+}
+
+int tps_str_chunks_has(const tps_str_chunks *c, const char *s)
+{
+    uintptr_t p = (uintptr_t)s;
+    for (size_t i = c->n; i-- > 0;) {
+        uintptr_t b = (uintptr_t)c->chunk[i];
+        if (p >= b && p - b < TPS_STR_CHUNK) return 1;
+    }
+    return 0;
+}
+
+void tps_str_chunks_free(tps_str_chunks *c)
+{
+    for (size_t i = 0; i < c->n; i++) free(c->chunk[i]);
+    free(c->chunk);
+    memset(c, 0, sizeof *c);
+}
+
 void tps_heap_release(void)
 {
 #ifdef __GLIBC__

@@ -45,8 +45,7 @@ void tps_ckpt_free(tps_ckpt *ck)
     for (size_t i = 0; i < ck->npools; i++) free(ck->pools[i]);
     free(ck->pools);
     tps_u64_chunks_free(&ck->shapes);
-    for (size_t i = 0; i < ck->nstr_chunks; i++) free(ck->str_chunks[i]);
-    free(ck->str_chunks);
+    tps_str_chunks_free(&ck->strs);
     free(ck->str_set);
     for (size_t i = 0; i < ck->norigins; i++) free(ck->origins[i]);
     free(ck->origins);
@@ -134,28 +133,10 @@ void tps_ckpt_drop_file_tables(tps_ckpt *ck)
     tps_heap_release();
 }
 
-int tps_ckpt_keeps_string(const tps_ckpt *ck, const char *s)
+void tps_ckpt_take_strings(tps_ckpt *ck, tps_str_chunks *out)
 {
-    /* chunks of at least 64 KiB (ckpt_sharded.c's ck_keep): a string in the
-     * first 64 KiB of one is found, one past them (only in a chunk made for
-     * a longer string) is not, and its caller copies it */
-    uintptr_t p = (uintptr_t)s;
-    for (size_t i = ck->nstr_chunks; i-- > 0;) {
-        uintptr_t c = (uintptr_t)ck->str_chunks[i];
-        if (p >= c && p - c < 65536) return 1;
-    }
-    return 0;
-}
-
-char **tps_ckpt_take_strings(tps_ckpt *ck, size_t *n)
-{
-    char **c = ck->str_chunks;
-    *n = ck->nstr_chunks;
-    ck->str_chunks = NULL;
-    ck->nstr_chunks = 0;
-    ck->str_left = 0;
-    ck->str_next = NULL;
-    return c;
+    *out = ck->strs;
+    memset(&ck->strs, 0, sizeof ck->strs);
 }
 
 /* origin k's header text h is let go: its sum kept (NULL h: nothing). */
@@ -324,31 +305,31 @@ int tps_ck_plain_name(const char *s)
 static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out,
                          int lean);
 
-tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
+/* model located (a path, or a Hugging Face cache entry) and opened. */
+static tps_err locate_open(tps_ctx *ctx, const char *model, tps_ckpt **out, int lean)
 {
     *out = NULL;
     char *path = NULL, *repo = NULL;
     tps_err rc = tps_model_locate(ctx, model, &path, &repo);
-    if (!rc) rc = ckpt_open(ctx, path, repo, out, 0);
+    if (!rc) rc = ckpt_open(ctx, path, repo, out, lean);
     free(path);
     free(repo);
     return rc;
+}
+
+tps_err tps_ckpt_open(tps_ctx *ctx, const char *model, tps_ckpt **out)
+{
+    return locate_open(ctx, model, out, 0);
+}
+
+tps_err tps_ckpt_open_lean(tps_ctx *ctx, const char *model, tps_ckpt **out)
+{
+    return locate_open(ctx, model, out, 1);
 }
 
 tps_err tps_ckpt_open_path(tps_ctx *ctx, const char *path, tps_ckpt **out)
 {
     return ckpt_open(ctx, path, NULL, out, 0);
-}
-
-tps_err tps_ckpt_open_lean(tps_ctx *ctx, const char *model, tps_ckpt **out)
-{
-    *out = NULL;
-    char *path = NULL, *repo = NULL;
-    tps_err rc = tps_model_locate(ctx, model, &path, &repo);
-    if (!rc) rc = ckpt_open(ctx, path, repo, out, 1);
-    free(path);
-    free(repo);
-    return rc;
 }
 
 static tps_err ckpt_open(tps_ctx *ctx, const char *path, const char *repo, tps_ckpt **out,

@@ -158,20 +158,8 @@ static const char *ck_keep(tps_ckpt *ck, const char *s)
         ck->str_set = set;
         ck->cap_str_set = cap;
     }
-    size_t n = strlen(s) + 1;
-    if (n > ck->str_left) {
-        size_t cap = n > 65536 ? n : 65536;
-        char **nc = realloc(ck->str_chunks, (ck->nstr_chunks + 1) * sizeof *nc);
-        if (!nc) return NULL;
-        ck->str_chunks = nc;
-        if (!(nc[ck->nstr_chunks] = malloc(cap))) return NULL;
-        ck->str_next = nc[ck->nstr_chunks++];
-        ck->str_left = cap;
-    }
-    char *d = ck->str_next;
-    memcpy(d, s, n);
-    ck->str_next += n;
-    ck->str_left -= n;
+    const char *d = tps_str_keep(&ck->strs, s);
+    if (!d) return NULL;
     *str_slot(ck->str_set, ck->cap_str_set, d, h) = d;
     ck->nstr_set++;
     return d;

@@ -112,7 +112,7 @@ static void vctx_free(vctx *V)
     free(V->lay_note);
     free(V->lay_want);
     if (V->R && V->R->lender) { /* the rows name the directory's tensors with its strings */
-        V->R->lent = tps_ckpt_take_strings(V->ck, &V->R->nlent);
+        tps_ckpt_take_strings(V->ck, &V->R->lent);
         V->R->lender = NULL;
     }
     tps_ckpt_free(V->ck);

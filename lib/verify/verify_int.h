@@ -42,16 +42,13 @@
 struct tps_verify_report {
     tps_verify_row **blk;
     size_t n, nblk, cap_blk;
-    char **str_chunks;
-    size_t nstr_chunks, str_left;
-    char *str_next;
+    tps_str_chunks strs;
     const char *kinds[32];
     size_t nkinds;
     /* verify's directory, while it is open: rows name its tensors with its
      * own strings, which the report takes over when it closes (lent) */
     const tps_ckpt *lender;
-    char **lent;
-    size_t nlent;
+    tps_str_chunks lent;
     int ok;
     char *backend;
     double seconds;

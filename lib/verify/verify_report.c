@@ -14,11 +14,9 @@ void tps_verify_report_free(tps_verify_report *r)
     for (size_t i = 0; i < r->n; i++) free((char *)tps_va_row(r, i)->note);
     for (size_t b = 0; b < r->nblk; b++) free(r->blk[b]);
     free(r->blk);
-    for (size_t c = 0; c < r->nstr_chunks; c++) free(r->str_chunks[c]);
-    free(r->str_chunks);
+    tps_str_chunks_free(&r->strs);
     for (size_t k = 0; k < r->nkinds; k++) free((char *)r->kinds[k]);
-    for (size_t c = 0; c < r->nlent; c++) free(r->lent[c]);
-    free(r->lent);
+    tps_str_chunks_free(&r->lent);
     free(r->backend);
     free(r);
 }
@@ -65,26 +63,6 @@ tps_err tps_backend_runtime_info(char *buf, size_t len)
     return tps_gpu_runtime_info(buf, len);
 }
 
-/* s kept in R's string store (NULL out of memory). */
-static const char *rep_keep(tps_verify_report *R, const char *s)
-{
-    size_t n = strlen(s) + 1;
-    if (n > R->str_left) {
-        size_t sz = n > (64u << 10) ? n : (64u << 10);
-        char **nc = realloc(R->str_chunks, (R->nstr_chunks + 1) * sizeof *nc);
-        if (!nc) return NULL;
-        R->str_chunks = nc;
-        if (!(nc[R->nstr_chunks] = malloc(sz))) return NULL;
-        R->str_next = nc[R->nstr_chunks++];
-        R->str_left = sz;
-    }
-    char *d = R->str_next;
-    memcpy(d, s, n);
-    R->str_next += n;
-    R->str_left -= n;
-    return d;
-}
-
 /* Takes ownership of note (may be NULL). 0 ok, -1 out of memory. */
 int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, double err,
                    double tol, uint64_t wrong, uint64_t total, int ok, char *note)
@@ -109,15 +87,15 @@ int tps_va_rep_add(tps_verify_report *R, const char *check, const char *kind, do
     const char *ck = NULL, *kd = NULL;
     if (R->n && !strcmp(tps_va_row(R, R->n - 1)->check, check))
         ck = tps_va_row(R, R->n - 1)->check; /* the tensor's rows, one after another */
-    else if (R->lender && tps_ckpt_keeps_string(R->lender, check))
+    else if (R->lender && tps_str_chunks_has(&R->lender->strs, check))
         ck = check; /* the directory's: the report takes its strings over (verify.c) */
     else
-        ck = rep_keep(R, check);
+        ck = tps_str_keep(&R->strs, check);
     for (size_t k = 0; k < R->nkinds && !kd; k++)
         if (!strcmp(R->kinds[k], kind)) kd = R->kinds[k];
     if (!kd && R->nkinds < sizeof R->kinds / sizeof R->kinds[0] && (kd = tps_strdup(kind)))
         R->kinds[R->nkinds++] = kd;
-    if (!kd) kd = rep_keep(R, kind);
+    if (!kd) kd = tps_str_keep(&R->strs, kind);
     if (!ck || !kd) {
         free(note);
         return -1;
