@@ -25,6 +25,22 @@ def apply_vllm():
               "the parameters are created by Fp8LinearMethod.create_weights whatever the kernel")
     apply_vllm_nvfp4_kernel()
     apply_vllm_wna16_moe_backend()
+    apply_vllm_mxfp4_cpu_experts()
+
+
+def apply_vllm_mxfp4_cpu_experts():
+    """gpt-oss's MXFP4 experts on an x86 CPU without AMX tiles: vLLM's CPU backend."""
+    from vllm.model_executor.layers.fused_moe.experts import cpu_moe
+    from vllm.platforms import current_platform
+
+    cpu_moe.CPUExpertsMxfp4._supports_current_device = staticmethod(current_platform.is_cpu)
+    _note("vllm", "layers/fused_moe/experts/cpu_moe.py CPUExpertsMxfp4._supports_current_device",
+          "answers is_cpu() without its AMX-tile test: on an x86 CPU without AMX (this AMD EPYC) "
+          "no MXFP4 MoE backend is found and the layer refuses to be built (No MXFP4 MoE backend "
+          "supports the deployment configuration); the CPU backend is the one vLLM picks on a "
+          "CPU with AMX, its round-up (x32) sets the experts' parameter shapes at "
+          "create_weights, and its kernel runs only at forward and in "
+          "process_weights_after_loading, neither of which the oracle runs")
 
 
 def apply_vllm_nvfp4_kernel():
