@@ -414,8 +414,6 @@ static tps_err build_units(vctx *V, size_t lo, size_t hi)
     const tps_verify_opts *o = V->o;
     tps_err rc = TPS_OK;
     size_t nt = hi - lo;
-    V->wlo = lo;
-    V->whi = hi;
     V->u = calloc(nt ? nt : 1, sizeof *V->u);
     TPS_FAIL_IF(!V->u, ctx, TPS_E_NOMEM, "verify: out of memory");
     for (size_t i = lo; i < hi; i++) {

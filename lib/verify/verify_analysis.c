@@ -137,9 +137,9 @@ static int hn_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc)
+char *tps_va_check_piece_header(const vctx *V, const tps_piece *pc)
 {
-    if (!V->tables_dropped) return piece_header_note(V, u->ct, pc);
+    /* every piece's note was taken before the passes (tps_va_header_notes) */
     struct vhnote key = {pc, NULL};
     const struct vhnote *h = V->nhn ? bsearch(&key, V->hn, V->nhn, sizeof key, hn_cmp) : NULL;
     return h ? tps_strdup(h->note) : NULL;
@@ -176,10 +176,7 @@ tps_err tps_va_header_notes(vctx *V)
     }
     if (V->nhn > 1) qsort(V->hn, V->nhn, sizeof *V->hn, hn_cmp);
     int mxfp4 = V->o->source && V->serving && V->q && V->q->m == &tps_qm_mxfp4;
-    if (!mxfp4) {
-        tps_ckpt_drop_file_tables(V->ck);
-        V->tables_dropped = 1;
-    }
+    if (!mxfp4) tps_ckpt_drop_file_tables(V->ck);
     return TPS_OK;
 }
 
@@ -437,7 +434,7 @@ static int unit_check_pieces(const vctx *V, vunit *u, const ugeom *g)
                                   (unsigned long long)pc->nbytes, (unsigned long long)want);
             return 1;
         }
-        char *h = tps_va_check_piece_header(V, u, pc);
+        char *h = tps_va_check_piece_header(V, pc);
         if (h) {
             u->pre = tps_asprintf("rank %d: %s", u->slot_rank[r], h);
             free(h);

@@ -174,16 +174,14 @@ typedef struct {
     unsigned char *local;
     int is_root, want_ref;
     int batch;
-    vunit *u;     /* this pass's units: tensors [wlo, whi) of ck */
+    vunit *u;     /* this pass's units (verify.c's run_pass) */
     size_t nu;
-    size_t wlo, whi;
     size_t nu_all, npacked; /* units and packed tensors of every pass so far */
     int *unit_of; /* ck index -> unit of this pass or -1 */
     /* the rank files' headers checked once for every piece (tps_va_header_notes)
      * before their tables are let go: the pieces whose entry is wrong, why */
     struct vhnote { const tps_piece *pc; char *note; } *hn;
     size_t nhn;
-    int tables_dropped;
     style_ent *se; /* the manifest's styles by name (tps_va_style_index) */
     size_t nse;
     vunit **order;
@@ -247,7 +245,7 @@ style_ent *tps_va_style_index(const tps_ckpt *ck, size_t *n);
 const char *tps_va_style_of(const style_ent *v, size_t n, const char *name);
 int tps_va_style_is(const char *s, tps_style st, const char *alias1, const char *alias2);
 char *tps_va_placement_str(const vunit *u);
-char *tps_va_check_piece_header(const vctx *V, const vunit *u, const tps_piece *pc);
+char *tps_va_check_piece_header(const vctx *V, const tps_piece *pc);
 tps_err tps_va_header_notes(vctx *V);
 tps_err tps_va_layout_pass(vctx *V, const tps_layout *L);
 char *tps_va_layout_note(const vctx *V, const vunit *u);
